@@ -1,0 +1,262 @@
+"""Append-only, crash-tolerant results store: one JSON line per request plus a run manifest.
+
+What it does: ``ResultsStore`` appends records to ``root/run_id/records.jsonl`` (flushed and fsync'd
+per record, so a record reported written survives a SIGKILL), keeps ``manifest.json`` current by
+atomic replace, and reports which record keys are already stored so an interrupted run can resume.
+A torn last line left by a kill is ignored with a warning and cut off before the next append;
+a corrupt line anywhere else is an ``InputError``. Loaders return pandas DataFrames.
+What it deliberately does not do: lock against concurrent writers (one writer per run), compact,
+deduplicate or rewrite records.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from statescope.errors import InputError
+
+KEY_FIELDS = ("run_id", "build", "config_hash", "episode", "step")
+STATUSES = ("running", "completed", "failed", "interrupted")
+RECORDS_FILE, MANIFEST_FILE = "records.jsonl", "manifest.json"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars/arrays and paths show up in records; anything else is a caller bug.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def config_hash(config: dict) -> str:
+    """Stable 16-hex-digit sha256 of the canonical JSON of config (key order does not matter)."""
+    if not isinstance(config, dict):
+        raise InputError(f"config_hash config: expected a dict, got {type(config).__name__}")
+    try:
+        canon = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                           default=_json_default)
+    except TypeError as exc:
+        raise InputError(f"config_hash config: expected JSON-serialisable values ({exc})") from None
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
+
+
+def _key(rec: dict) -> tuple:
+    return tuple(rec[k] for k in KEY_FIELDS)
+
+
+def _scan(path: Path) -> tuple[list[dict], int]:
+    """Parse a records file; returns (records, byte offset where a torn last line starts or size)."""
+    data = path.read_bytes() if path.exists() else b""
+    records, offset = [], 0
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for lineno, raw in enumerate(lines, start=1):
+        last = lineno == len(lines)
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+            missing = [k for k in KEY_FIELDS if k not in rec]
+            if missing:
+                raise ValueError(f"missing key field(s) {missing}")
+        except ValueError as exc:
+            if last:  # a kill mid-write leaves at most the final line torn
+                warnings.warn(f"{path}:{lineno}: ignoring a torn trailing line ({len(raw)} bytes): "
+                              f"{exc}", RuntimeWarning, stacklevel=3)
+                return records, start
+            raise InputError(f"{path}:{lineno}: expected one JSON object per line with keys "
+                             f"{list(KEY_FIELDS)}, got an unreadable line ({exc})") from None
+        records.append(rec)
+    return records, len(data)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, default=_json_default)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ResultsStore:
+    """Writer for one run directory; also a context manager that sets the final manifest status."""
+
+    def __init__(self, root: Path | str, run_id: str) -> None:
+        if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id in (".", ".."):
+            raise InputError(f"ResultsStore run_id: expected a non-empty name without '/', got {run_id!r}")
+        self.root, self.run_id = Path(root), run_id
+        self.run_dir = self.root / run_id
+        self.records_path = self.run_dir / RECORDS_FILE
+        self.manifest_path = self.run_dir / MANIFEST_FILE
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._fh = None
+        self._keys: set[tuple] | None = None
+
+    # -- manifest -----------------------------------------------------------------------------
+    def start(self, resolved_config: dict | None = None, *, vllm_version: str | None = None,
+              torch_version: str | None = None, device: str | None = None,
+              seeds: Any = None, extra: dict | None = None) -> dict:
+        """Write the manifest with status 'running'; on resume keeps 'created' and merges 'extra'."""
+        import statescope
+
+        old = load_manifest(self.run_dir) if self.manifest_path.exists() else {}
+        manifest = {
+            "run_id": self.run_id, "created": old.get("created", _now()), "status": "running",
+            "resolved_config": dict(resolved_config or {}), "vllm_version": vllm_version,
+            "torch_version": torch_version, "device": device, "seeds": seeds, "started": _now(),
+            "ended": None, "statescope_version": statescope.__version__,
+            "extra": {**old.get("extra", {}), **(extra or {})},
+        }
+        if old:
+            manifest["extra"]["resumed_from_status"] = old.get("status")
+        _write_json_atomic(self.manifest_path, manifest)
+        return manifest
+
+    def finish(self, status: str = "completed") -> dict:
+        """Record the final status and end time in the manifest."""
+        if status not in STATUSES[1:]:
+            raise InputError(f"ResultsStore.finish status: expected one of {STATUSES[1:]}, got {status!r}")
+        manifest = load_manifest(self.run_dir) if self.manifest_path.exists() else {"run_id": self.run_id}
+        manifest.update(status=status, ended=_now())
+        _write_json_atomic(self.manifest_path, manifest)
+        self.close()
+        return manifest
+
+    # -- records ------------------------------------------------------------------------------
+    def completed_keys(self) -> set[tuple]:
+        """Keys (run_id, build, config_hash, episode, step) already stored; callers skip these."""
+        if self._keys is None:
+            records, _ = _scan(self.records_path)
+            self._keys = {_key(r) for r in records}
+        return set(self._keys)
+
+    def _open(self) -> None:
+        records, good_end = _scan(self.records_path)
+        self._keys = {_key(r) for r in records}
+        size = self.records_path.stat().st_size if self.records_path.exists() else 0
+        if good_end < size:  # cut the torn line off so the next record starts on a fresh line
+            os.truncate(self.records_path, good_end)
+        self._fh = open(self.records_path, "ab")
+        if good_end > 0:
+            with open(self.records_path, "rb") as fh:
+                fh.seek(good_end - 1)
+                if fh.read(1) != b"\n":  # a complete last record whose newline never made it
+                    self._fh.write(b"\n")
+        _fsync_dir(self.run_dir)
+
+    def append(self, record: dict) -> tuple:
+        """Validate, write one JSON line, flush and fsync; returns the record's key."""
+        if not isinstance(record, dict):
+            raise InputError(f"ResultsStore.append record: expected a dict, got {type(record).__name__}")
+        missing = [k for k in KEY_FIELDS if k not in record]
+        if missing:
+            raise InputError(f"ResultsStore.append record: missing key field(s) {missing}; expected "
+                             f"all of {list(KEY_FIELDS)}")
+        if record["run_id"] != self.run_id:
+            raise InputError(f"ResultsStore.append record run_id: expected {self.run_id!r}, "
+                             f"got {record['run_id']!r}")
+        for k in KEY_FIELDS:
+            if not isinstance(record[k], (str, int)) or isinstance(record[k], bool):
+                raise InputError(f"ResultsStore.append record field {k!r}: expected str or int, "
+                                 f"got {type(record[k]).__name__}")
+        if self._fh is None:
+            self._open()
+        key = _key(record)
+        if key in self._keys:
+            raise InputError(f"ResultsStore.append: key {key} is already stored in "
+                             f"{self.records_path}; skip keys in completed_keys() when resuming")
+        try:
+            line = json.dumps(record, default=_json_default, ensure_ascii=False)
+        except TypeError as exc:
+            raise InputError(f"ResultsStore.append record: expected JSON-serialisable values ({exc})") from None
+        self._fh.write(line.encode("utf-8") + b"\n")  # one write call per record
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._keys.add(key)
+        return key
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        status = ("completed" if exc_type is None else
+                  "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+        self.finish(status)
+
+
+# -- loaders ----------------------------------------------------------------------------------
+def load_records(run_dir: Path | str) -> pd.DataFrame:
+    """All records of a run as a DataFrame (a torn last line is skipped with a warning)."""
+    path = Path(run_dir) / RECORDS_FILE
+    if not path.exists():
+        raise InputError(f"{path}: records file not found; expected a run directory written by ResultsStore")
+    records, _ = _scan(path)
+    return pd.DataFrame(records, columns=None if records else list(KEY_FIELDS))
+
+
+def load_manifest(run_dir: Path | str) -> dict:
+    path = Path(run_dir) / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: manifest not found; expected a run directory written by ResultsStore") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: expected a JSON object, got unreadable JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
+def list_runs(root: Path | str) -> pd.DataFrame:
+    """One row per run directory under root: manifest summary, record count, and any problem."""
+    cols = ["run_id", "status", "created", "started", "ended", "vllm_version", "device",
+            "n_records", "problem"]
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: expected a results root directory")
+    rows = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not (d / MANIFEST_FILE).exists() and not (d / RECORDS_FILE).exists():
+            continue
+        row: dict[str, Any] = {"run_id": d.name, "problem": None}
+        try:
+            m = load_manifest(d)
+            row.update({c: m.get(c) for c in cols if c not in ("run_id", "n_records", "problem")})
+        except InputError as exc:
+            row["problem"] = str(exc)
+        rec = d / RECORDS_FILE
+        row["n_records"] = (sum(1 for line in rec.read_bytes().split(b"\n")[:-1] if line.strip())
+                            if rec.exists() else 0)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)

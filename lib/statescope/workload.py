@@ -1,0 +1,80 @@
+"""Multi-step shared-prefix workloads: episodes whose step prompts grow by the previous answer.
+
+What it does (for now): ``shared_prefix_episodes`` makes ``n_episodes`` episodes of ``n_steps``
+text steps over one stable system prompt; ``run_episodes`` drives any engine with a
+``generate(prompts, max_tokens=...)`` method step by step — a step's prompt is the previous
+prompt + the previous answer + a new observation, so every step after the first can hit the
+prefix cache. The GUI-agent language, screenshots, geometry controls and trace files extend this
+module in the reproduce issue.
+
+What it deliberately does not do: judge outputs (``statescope.detect``) or store them
+(``statescope.store``).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+SYSTEM_PROMPT = ("You operate a desktop through actions. Read each observation, keep the goal in "
+                 "mind, answer with exactly one action.\n")
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    goal: str
+    observations: list[str]
+    prompts: list[str] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+
+def shared_prefix_episodes(n_episodes: int = 4, n_steps: int = 3, *, seed: int = 0,
+                           system_repeat: int = 6) -> list[Episode]:
+    """Deterministic small episodes; ``system_repeat`` lengthens the shared system prompt."""
+    rng = random.Random(seed)
+    widgets = ["button", "field", "menu", "tab", "checkbox", "link"]
+    episodes = []
+    for e in range(n_episodes):
+        goal = f"open {rng.choice(widgets)} {rng.randint(1, 99)}"
+        obs = []
+        for s in range(n_steps):
+            items = ", ".join(f"{rng.choice(widgets)}#{rng.randint(1, 99)}" for _ in range(4))
+            obs.append(f"[step {s}] window {e}.{s}: {items}\n")
+        episodes.append(Episode(f"ep{e}", goal, obs))
+    return episodes
+
+
+def step_prompt(episode: Episode, step: int, system_repeat: int = 6) -> str:
+    """Prompt for ``step``: system + goal + all previous observations and answers + this one."""
+    parts = [SYSTEM_PROMPT * system_repeat, f"goal: {episode.goal}\n"]
+    for s in range(step):
+        parts += [episode.observations[s], "action: " + episode.answers[s] + "\n"]
+    parts += [episode.observations[step], "action: "]
+    return "".join(parts)
+
+
+def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
+                 system_repeat: int = 6) -> list[dict]:
+    """Advance all episodes in waves (one step each per wave); returns one dict per request."""
+    rows = []
+    n_steps = max(len(e.observations) for e in episodes)
+    for step in range(n_steps):
+        live = [e for e in episodes if step < len(e.observations)]
+        prompts = [step_prompt(e, step, system_repeat) for e in live]
+        for ep, prompt, rec in zip(live, prompts, engine.generate(prompts, max_tokens=max_tokens)):
+            ep.prompts.append(prompt)
+            ep.answers.append(rec.text)
+            row = rec.to_dict()
+            row.update(episode=ep.episode_id, step=step)
+            rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict]):
+    """One line per request: episode, step, prompt/cached tokens, output."""
+    from statescope.tables import RecordsTable
+
+    return RecordsTable("requests", [
+        {"episode": r["episode"], "step": r["step"], "prompt_tokens": len(r["prompt_token_ids"]),
+         "cached_tokens": r["num_cached_tokens"], "output_tokens": len(r["output_token_ids"]),
+         "finish": r["finish_reason"], "text": r["text"][:60]} for r in rows])

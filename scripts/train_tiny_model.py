@@ -1,0 +1,276 @@
+"""Train the tiny GUI-agent model (tokenizer -> base -> MTP head), save it, and measure it.
+
+What it does: deterministic from --seed and --threads (same torch build): trains the BPE tokenizer on
+guilang text, the 4-layer Qwen3.5 base model (transformers' PyTorch implementation) with a weighted
+next-token loss (answer tokens 1.0, prompt tokens 0.2), then the MTP head on the frozen base; writes
+the bf16 model dir with train_log.jsonl and metrics.json. Metrics (held-out episodes, bf16-rounded
+weights run in float32): greedy validity/correctness, near-tie fraction of greedy output tokens,
+MTP acceptance (k=2, simulated exactly as vLLM's draft/verify loop would accept on greedy output),
+and sensitivity of the rest of an answer to a corrupted GDN conv window / recurrent state.
+
+What it deliberately does not do: run vLLM (the engine tests measure acceptance there).
+
+  OMP_NUM_THREADS=1 python scripts/train_tiny_model.py --out data/models/tiny-gui
+  python scripts/train_tiny_model.py --eval-only --out data/models/tiny-gui
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from statescope import guilang
+from statescope import tinymodel as tm
+
+TRAIN_STEPS = (3, 10)      # n_steps range of training episodes
+EVAL_SEED0 = 10_000_000    # held-out episode seeds start here (training seeds are < 1e6)
+NEAR_TIE = 0.1
+
+
+def batch(tok, step: int, seed: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Episodes of one length class (little padding): ids [B, T] and loss weights [B, T]."""
+    rng = random.Random(seed * 7919 + step)
+    n = rng.randint(*TRAIN_STEPS)
+    encs = [tm.encode_episode(tok, guilang.generate_episode(step * size + i + seed * 100_000, n))
+            for i in range(size)]
+    t = max(len(ids) for ids, _ in encs)
+    pad = tok.token_to_id("<|endoftext|>")
+    ids = torch.full((size, t), pad, dtype=torch.long)
+    ans = torch.zeros(size, t, dtype=torch.bool)
+    valid = torch.zeros(size, t)
+    for b, (i, a) in enumerate(encs):
+        ids[b, :len(i)] = torch.tensor(i)
+        ans[b, :len(a)] = torch.tensor(a)
+        valid[b, :len(i)] = 1
+    return ids, tm.token_weights(ans, valid)
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int = 20) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+
+
+def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str) -> None:
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    t0 = time.time()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr)
+        loss = loss_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 10 == 0 or step == steps - 1:
+            log({"phase": tag, "step": step, "loss": round(loss.item(), 5), "s": round(time.time() - t0, 1)})
+
+
+def train(out: Path, seed: int, base_steps: int, mtp_steps: int, bsz: int, lr: float) -> dict:
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = (out / "train_log.jsonl").open("w")
+
+    def log(rec: dict) -> None:
+        print(json.dumps(rec), flush=True)
+        log_file.write(json.dumps(rec) + "\n")
+        log_file.flush()
+
+    t0 = time.time()
+    texts = ["".join(s for s, _ in guilang.transcript_segments(guilang.generate_episode(900_000 + s, n)))
+             for s in range(400) for n in (3, 6, 9, 12)]
+    tok = tm.train_tokenizer(texts, vocab_size=1024)
+    cfg = tm.model_config(tok)
+    base = tm.new_base_model(cfg, seed)
+    log({"phase": "setup", "vocab": tok.get_vocab_size(), "params": sum(p.numel() for p in base.parameters()),
+         "threads": torch.get_num_threads(), "torch": torch.__version__})
+    base.train()
+    train_loop(list(base.parameters()), lambda s: tm.base_loss(base, *batch(tok, s, seed, bsz)),
+               base_steps, lr, log, "base")
+    base_s = time.time() - t0
+    base.eval()
+    for p in base.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(seed + 1)
+    mtp = tm.MTPHead(base.config)
+    # Start the MTP decoder layer from the base attention layer: same shapes, a sensible start.
+    attn_idx = cfg["layer_types"].index("full_attention")
+    mtp.layers[0].load_state_dict(base.model.layers[attn_idx].state_dict())
+
+    def mtp_step(s: int) -> torch.Tensor:
+        ids, w = batch(tok, 50_000 + s, seed, bsz)
+        with torch.no_grad():
+            hidden = base.model(input_ids=ids).last_hidden_state
+        return tm.mtp_loss(base, mtp, ids, w, hidden)
+
+    train_loop(list(mtp.parameters()), mtp_step, mtp_steps, lr, log, "mtp")
+    total_s = time.time() - t0
+    note = f"guilang seed={seed} base_steps={base_steps} mtp_steps={mtp_steps} batch={bsz} lr={lr}"
+    tm.save_model_dir(out, cfg, base, mtp, tok, note)
+    log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
+    log_file.close()
+    return {"train_seconds": round(total_s, 1), "base_seconds": round(base_s, 1), "seed": seed,
+            "base_steps": base_steps, "mtp_steps": mtp_steps, "batch": bsz, "lr": lr,
+            "threads": torch.get_num_threads()}
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _greedy(base, prompt_ids: list[int], eos: int, max_new: int = 24) -> tuple[list[int], list[float]]:
+    """Greedy decode with the transformers cache; returns tokens and top1-top2 logit margins."""
+    out = base(input_ids=torch.tensor([prompt_ids]), use_cache=True)
+    cache, logits = out.past_key_values, out.logits[0, -1]
+    toks, margins = [], []
+    for _ in range(max_new):
+        top = logits.float().topk(2)
+        toks.append(int(top.indices[0]))
+        margins.append(float(top.values[0] - top.values[1]))
+        if toks[-1] == eos:
+            break
+        out = base(input_ids=torch.tensor([[toks[-1]]]), past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[0, -1]
+    return toks, margins
+
+
+def _acceptance(answer_pos: list[int], ids: list[int], l1: torch.Tensor, l2: torch.Tensor) -> tuple[int, int]:
+    """Drafted/accepted counts of a k=2 MTP loop over one answer (teacher-forced = greedy path).
+
+    Position c holds the last known token; draft 1 = argmax l1[c-1] (predicts c+1), draft 2 =
+    argmax l2[c-2] (predicts c+2); drafts past the answer's end count as rejected."""
+    start, end = answer_pos[0], answer_pos[-1]  # first answer token comes from the prefill
+    c, drafted, accepted = start, 0, 0
+    while c < end:
+        d1, d2 = int(l1[c - 1].argmax()), int(l2[c - 2].argmax())
+        drafted += 2
+        a = 0
+        if c + 1 <= end and d1 == ids[c + 1]:
+            a = 1
+            if c + 2 <= end and d2 == ids[c + 2]:
+                a = 2
+        accepted += a
+        c += a + 1
+    return drafted, accepted
+
+
+def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> dict:
+    base, mtp, tok, cfg = tm.load_model_dir(model_dir, torch.float32)
+    eos = cfg["eos_token_id"]
+    valid = correct = steps = 0
+    margins: list[float] = []
+    drafted = accepted = 0
+    by_kind: dict[str, list[int]] = {}
+    prompts: list[tuple[list[int], list[int]]] = []  # (prompt ids, gold answer ids) for sensitivity
+    with torch.no_grad():
+        for e in range(n_episodes):
+            ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10)
+            ids, ans = tm.encode_episode(tok, ep)
+            x = torch.tensor([ids])
+            hidden = base.model(input_ids=x).last_hidden_state
+            logits = base.lm_head(hidden)[0]
+            l1, l2 = tm.mtp_forward(base, mtp, x, hidden)
+            l1, l2 = l1[0], l2[0]
+            pos = [i for i, a in enumerate(ans) if a]
+            spans, cur = [], []
+            for p in pos:  # split answer positions into one span per step
+                if cur and p != cur[-1] + 1:
+                    spans.append(cur)
+                    cur = []
+                cur.append(p)
+            spans.append(cur)
+            for step, span in zip(ep.steps, spans):
+                steps += 1
+                pred = logits[[p - 1 for p in span]].float()
+                top = pred.topk(2, dim=-1)
+                if bool((top.indices[:, 0] == torch.tensor([ids[p] for p in span])).all()):
+                    text, mg = step.action, (top.values[:, 0] - top.values[:, 1]).tolist()
+                else:  # greedy left the gold path: decode for real
+                    toks, mg = _greedy(base, ids[:span[0]], eos)
+                    text = tok.decode([t for t in toks if t != eos])
+                g = guilang.grade(text, step)
+                valid += g["valid"]
+                correct += g["correct"]
+                by_kind.setdefault(step.kind, [0, 0])
+                by_kind[step.kind][0] += g["correct"]
+                by_kind[step.kind][1] += 1
+                margins += mg
+                d, a = _acceptance(span, ids, l1, l2)
+                drafted, accepted = drafted + d, accepted + a
+                prompts.append((ids[:span[0]], [ids[p] for p in span]))
+    sens = sensitivity(base, prompts, eos, sens_trials)
+    return {"eval_episodes": n_episodes, "eval_steps": steps, "validity": valid / steps,
+            "correctness": correct / steps,
+            "correct_by_kind": {k: f"{c}/{n}" for k, (c, n) in sorted(by_kind.items())},
+            "near_tie_fraction": sum(m < NEAR_TIE for m in margins) / len(margins),
+            "greedy_tokens": len(margins), "min_margin": min(margins),
+            "mtp_k2_acceptance_pytorch": accepted / drafted, "mtp_drafted": drafted, **sens}
+
+
+def sensitivity(base, prompts, eos: int, trials: int) -> dict:
+    """Corrupt one GDN layer's conv window or recurrent state after the 2nd answer token; count how
+    often the rest of the greedy answer changes. Modes: zero, or swap in another request's state."""
+    gdn = [i for i, t in enumerate(base.config.layer_types) if t == "linear_attention"]
+    rng = random.Random(1234)
+    cands = [p for p in prompts if len(p[1]) >= 5]
+    res: dict[str, list[int]] = {}
+    for trial in range(trials):
+        (prompt, gold), (other, ogold) = rng.sample(cands, 2)
+        layer, part, mode = rng.choice(gdn), ("conv", "recurrent")[trial % 2], ("zero", "swap")[trial // 2 % 2]
+        k = 2  # answer tokens already emitted when the state is corrupted
+        runs = []
+        for corrupt in (False, True):
+            out = base(input_ids=torch.tensor([prompt + gold[:k]]), use_cache=True)
+            cache = out.past_key_values
+            if corrupt:
+                lay = cache.layers[layer]
+                states = lay.conv_states if part == "conv" else lay.recurrent_states
+                if mode == "zero":
+                    states[0].zero_()
+                else:
+                    o = base(input_ids=torch.tensor([other + ogold[:k]]), use_cache=True).past_key_values
+                    src = o.layers[layer]
+                    states[0].copy_((src.conv_states if part == "conv" else src.recurrent_states)[0])
+            logits, toks = out.logits[0, -1], []
+            for _ in range(len(gold) - k + 4):
+                toks.append(int(logits.argmax()))
+                if toks[-1] == eos:
+                    break
+                out = base(input_ids=torch.tensor([[toks[-1]]]), past_key_values=cache, use_cache=True)
+                logits = out.logits[0, -1]
+            runs.append(toks)
+        res.setdefault(f"{part}_{mode}", []).append(int(runs[0] != runs[1]))
+    flat = [v for vs in res.values() for v in vs]
+    return {"sensitivity_changed_fraction": sum(flat) / len(flat),
+            "sensitivity_by_mode": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(res.items())},
+            "sensitivity_trials": len(flat)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("data/models/tiny-gui"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--base-steps", type=int, default=500)
+    ap.add_argument("--mtp-steps", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-episodes", type=int, default=60)
+    ap.add_argument("--eval-only", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    metrics_file = args.out / "metrics.json"
+    metrics = json.loads(metrics_file.read_text()) if args.eval_only and metrics_file.exists() else {}
+    if not args.eval_only:
+        metrics = {"training": train(args.out, args.seed, args.base_steps, args.mtp_steps, args.batch, args.lr)}
+    t = time.time()
+    metrics["eval"] = evaluate(args.out, args.eval_episodes)
+    metrics["eval"]["eval_seconds"] = round(time.time() - t, 1)
+    metrics_file.write_text(json.dumps(metrics, indent=1))
+    print(json.dumps(metrics, indent=1))
+
+
+if __name__ == "__main__":
+    main()
