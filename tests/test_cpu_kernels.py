@@ -10,7 +10,6 @@ state first, recurrent state after it, and padding at the end of every page.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -38,13 +37,22 @@ HEADS, VDIM, KDIM = 2, 4, 8
 
 @pytest.fixture(autouse=True)
 def installed(monkeypatch):
+    """Install for the test, then put the module back as found: an engine kept alive by another
+    test in this process may rely on the stand-ins and on its registry entries."""
+    was_installed, semantics = ck.is_installed(), ck.get_copy_semantics()
+    regions, labels, listeners = dict(ck._regions), dict(ck._labels), list(ck._listeners)
     monkeypatch.delenv(ck.ENV_SEMANTICS, raising=False)
     ck.set_copy_semantics("memmove")
     assert ck.install_cpu_kernels() is True
     yield
-    ck.uninstall_cpu_kernels()
-    ck.set_copy_semantics("memmove")
-    ck._listeners.clear()
+    if was_installed:  # the explicit semantics win over whatever env var the test set
+        ck.install_cpu_kernels(f"{semantics[0]}:{semantics[1]}")
+    else:
+        ck.uninstall_cpu_kernels()
+    ck.set_copy_semantics(*semantics)
+    ck._regions.update(regions)
+    ck._labels.update(labels)
+    ck._listeners[:] = listeners
 
 
 @dataclass
@@ -58,10 +66,10 @@ class Setup:
 
 
 def _states(raw: torch.Tensor, conv_dtype, ssm_dtype, conv_dim: int, dim_first: bool, page: int):
-    conv_elems = STATE_LEN * conv_dim
-    conv_bytes = conv_elems * torch.tensor([], dtype=conv_dtype).element_size()
+    """(conv, ssm) views of one layer's page buffer: conv first in each page, ssm after it."""
     ce = torch.tensor([], dtype=conv_dtype).element_size()
     se = torch.tensor([], dtype=ssm_dtype).element_size()
+    conv_bytes = STATE_LEN * conv_dim * ce
     conv_shape = (NUM_BLOCKS, conv_dim, STATE_LEN) if dim_first else (NUM_BLOCKS, STATE_LEN, conv_dim)
     inner = conv_shape[2]
     conv = torch.as_strided(raw.view(conv_dtype), conv_shape, (page // ce, inner, 1))
@@ -343,11 +351,12 @@ def test_install_is_idempotent_and_survives_cpu_runner_patching():
     assert not ck.is_installed() and not isinstance(mu.postprocess_mamba_fused_kernel, ck.CpuKernel)
 
 
-def test_unsupported_version_is_refused(monkeypatch):
+def test_unsupported_version_is_refused():
     import vllm
 
     ck.uninstall_cpu_kernels()
-    monkeypatch.setattr(vllm, "__version__", "0.27.1")
-    with pytest.raises(EnvironmentBroken, match="vLLM 0.27.1"):
-        ck.install_cpu_kernels()
-    assert not ck.is_installed()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm, "__version__", "0.27.1")
+        with pytest.raises(EnvironmentBroken, match="vLLM 0.27.1"):
+            ck.install_cpu_kernels()
+        assert not ck.is_installed()

@@ -48,6 +48,69 @@ def cmd_workbook(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _config_overrides(pairs: list[str], where: str) -> dict:
+    """``key=value`` pairs (JSON values, else strings) for EngineConfig fields."""
+    import dataclasses
+
+    from statescope.engine import EngineConfig
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    out = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in fields:
+            raise InputError(f"{where} {pair!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from statescope.trace import write_trace
+    from statescope.workload import preset_trace
+
+    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed)
+    path = write_trace(steps, args.out)
+    info = {"trace": str(path), "requests": len(steps),
+            "episodes": len({s.episode for s in steps}), "images": sum(s.n_images for s in steps)}
+    print(json.dumps(info, indent=2) if args.json else
+          f"wrote {info['requests']} requests ({info['episodes']} episodes) to {path}")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    import time
+
+    from statescope.engine import model_path
+    from statescope.faults import FaultSpec
+    from statescope.reproduce import reproduce, standard_arms
+    from statescope.trace import read_trace
+    from statescope.workload import preset_trace
+
+    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset)
+    trigger, control = standard_arms(args.control)
+    common = {"model": str(model_path(args.model))} if args.model else {}
+    trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
+    control.config = control.config.replace(**common, **_config_overrides(args.control_set, "--control-set"))
+    if args.fault:
+        kind, _, rest = args.fault.partition(":")
+        rate = float(rest) if rest else 1.0
+        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
+    trigger.copy_semantics = args.copy_semantics
+    result = reproduce(trigger, control, trace, store_root=args.runs,
+                       run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
+                       runner=args.runner, unit=args.unit, concurrency=args.concurrency,
+                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(result.verdict.outcome.upper() + ": " + result.verdict.explanation)
+        print(f"records: {result.run_dir}")
+    return 0 if result.verdict.outcome in ("no evidence", "corruption detected") else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -61,6 +124,37 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", default="reports")
     w.add_argument("--json", action="store_true")
     w.set_defaults(func=cmd_workbook)
+    wl = sub.add_parser("workload", help="write a GUI-agent trace file (JSONL) from a preset")
+    wl.add_argument("--preset", default="laptop", help="smoke | laptop | repro288 | long")
+    wl.add_argument("--vision", action="store_true", help="attach 1-3 PNG screenshots per step")
+    wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument("--out", default="runs/trace.jsonl")
+    wl.add_argument("--json", action="store_true")
+    wl.set_defaults(func=cmd_workload)
+    r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
+    r.add_argument("--preset", default="smoke")
+    r.add_argument("--trace", help="a trace file (overrides --preset)")
+    r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
+    r.add_argument("--control", default="no_prefix_cache",
+                   help="no_prefix_cache | no_mtp | no_async | reference")
+    r.add_argument("--model", help="model directory or name under data/models")
+    r.add_argument("--trigger-set", action="append", metavar="FIELD=VALUE",
+                   help="override an EngineConfig field of the trigger arm (repeatable)")
+    r.add_argument("--control-set", action="append", metavar="FIELD=VALUE")
+    r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
+    r.add_argument("--episodes-per-lifetime", type=int, default=None,
+                   help="reset the prefix cache after this many episodes (engine_lifetime unit)")
+    r.add_argument("--fault", help="PLANTED test fault on the trigger arm: KIND[:RATE], "
+                                   "KIND one of zero_conv, zero_ssm, nan_conv, nan_ssm")
+    r.add_argument("--copy-semantics", default=None,
+                   help="CPU copy-kernel semantics of the trigger arm (barrierless_tiles = "
+                        "EMULATED GPU race)")
+    r.add_argument("--alpha", type=float, default=0.01)
+    r.add_argument("--concurrency", type=int, default=32)
+    r.add_argument("--runs", default="runs")
+    r.add_argument("--run-id")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_reproduce)
     return p
 
 
@@ -68,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before any vLLM import
+    # vLLM logs to stdout by default; stdout is for reports (and --json must stay parseable).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

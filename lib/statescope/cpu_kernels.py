@@ -1,44 +1,39 @@
 """CPU stand-ins for vLLM 0.28.0's two fused align-mode Mamba state-copy Triton kernels.
 
-What it does: the CPU build of vLLM swaps most Triton kernels for Python/C++ fallbacks but not
-``precopy_mamba_align_fused_kernel`` and ``postprocess_mamba_fused_kernel`` (module attributes of
-``vllm.v1.worker.mamba_utils``, launched as ``kernel[grid](...)`` by
-``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess`` /
-``run_fused_postprocess_align``), so prefix caching + ``mamba_cache_mode="align"`` + speculative
-decoding dies at the first step. ``install_cpu_kernels()`` puts a ``CpuKernel`` object under each
-name; ``CpuKernel[grid]`` returns a callable with the Triton launch signature, so the runner's own
-launch code runs unchanged and the kernel *semantics* (decisions, block-table lookups, conv shift
-by the accepted-token bias, recurrent copy from column ``src + bias``, SD/DS conv layouts, padded
+What it does: the CPU build of vLLM replaces most Triton kernels but not
+``precopy_mamba_align_fused_kernel`` / ``postprocess_mamba_fused_kernel`` (module attributes of
+``vllm.v1.worker.mamba_utils``, launched as ``kernel[grid](...)`` by the
+``MambaSpecDecodeGPUContext.run_fused_*`` methods), so prefix caching + align mode + speculative
+decoding dies at the first step. ``install_cpu_kernels()`` puts a ``CpuKernel`` under each name;
+``CpuKernel[grid]`` returns a callable with the Triton launch signature, so the runner's launch
+code runs unchanged while the kernel semantics (copy decisions, block-table lookups, conv shift by
+the accepted-token bias, recurrent copy from column ``src + bias``, SD/DS conv layouts, padded
 page strides) are reimplemented here.
 
-How addresses are resolved (the design choice): the kernels get raw addresses (state and
-block-table base addresses) in int64 metadata tensors, as on a GPU. Instead of dereferencing them
-with ctypes (a wrong address would crash the process), each is looked up in a registry of known
-CPU tensors and becomes a bounds-checked byte view of that tensor's whole storage, so padded page
-strides and conv/recurrent states sharing one page buffer address the bytes the runner sees.
-``install_cpu_kernels`` wraps ``MambaSpecDecodeGPUContext.initialize_from_forward_context`` (run
-lazily before the first fused launch) to register the forward context's state tensors, labelled
-by layer, and the block tables it binds; ``register_state_tensors`` does it by hand (needed only
-if the context was initialized before installing). Unknown addresses raise ``InputError``. The
-registry holds weak references, so an engine's caches are freed with it.
+Addresses (the design choice): the kernels get raw state and block-table base addresses in int64
+metadata tensors, as on a GPU. Rather than dereference them with ctypes (a wrong one would crash
+the process), each is looked up in a registry of CPU tensors and becomes a bounds-checked byte
+view of that tensor's whole storage, so padded pages and conv/recurrent states sharing one page
+buffer address exactly the runner's bytes. ``install_cpu_kernels`` wraps
+``MambaSpecDecodeGPUContext.initialize_from_forward_context`` (run lazily before the first fused
+launch) to register the forward context's state tensors, labelled by layer, and the block tables
+it binds; ``register_state_tensors`` does it by hand. Unknown addresses raise ``InputError``; the
+registry holds weak references, so an engine's caches die with it.
 
-Copy semantics (``set_copy_semantics`` or env ``STATESCOPE_COPY_SEMANTICS=name[:tile_bytes]``,
-read by ``install_cpu_kernels``):
-- ``memmove`` (default, correct): each copy reads its whole source before writing.
-- ``barrierless_tiles``: a deterministic worst-case model of a parallel tiled copy with no barrier
-  between loads and stores. The copy runs in tiles of ``tile_bytes`` in ascending order (the
-  kernel's loop); inside a tile, byte lanes run from the highest address down, each loading then
-  storing before the next lower lane starts, so a lane reads what a higher lane of the same tile
-  already stored ("read-after-write"). An in-place left shift by ``s`` bytes (same physical block,
-  bias > 0) is corrupted exactly when ``0 < s < min(tile_bytes, copy length)``; copies between
-  distinct blocks never are. 1024 models ``batch_memcpy``'s 1 KiB tile; 0.28.0's fused conv copy
-  moves 1024 u64 words (8 KiB) per iteration, so ``tile_bytes=8192`` models that kernel.
+Copy semantics (``set_copy_semantics``, or env ``STATESCOPE_COPY_SEMANTICS=name[:tile_bytes]`` read
+by ``install_cpu_kernels``): ``memmove`` (default, correct) reads each whole source before writing.
+``barrierless_tiles`` is a deterministic worst case of a tiled parallel copy with no barrier
+between loads and stores: tiles of ``tile_bytes`` run in ascending order (the kernel's loop); in a
+tile, byte lanes run from the highest address down, each loading then storing, so a lane reads
+what a higher lane of its tile already stored. An in-place left shift by ``s`` bytes (same
+physical block, bias > 0) is corrupted exactly when ``0 < s < min(tile_bytes, copy length)``;
+copies between distinct blocks never are. 1024 models ``batch_memcpy``'s tile; 0.28.0's fused conv
+copy moves 1024 u64 words (8 KiB) per iteration, so ``tile_bytes=8192`` models that kernel.
+Listeners (``add_copy_listener``) get a ``CopyEvent`` per copy.
 
-Every copy can be reported to listeners (``add_copy_listener``) as a ``CopyEvent``.
-
-What it deliberately does not do: emulate inter-request races (copies of one launch run one after
-another, in (request, state) order), model the GPU's head/tail alignment bytes, replace the scalar
-``batch_memcpy`` path, or support vLLM versions other than 0.28.0 (``EnvironmentBroken`` says why).
+What it deliberately does not do: emulate races between requests (a launch's copies run in
+(request, state) order), model the GPU's alignment head/tail bytes, touch the scalar
+``batch_memcpy`` path, or accept vLLM versions other than 0.28.0 (``EnvironmentBroken`` says why).
 """
 from __future__ import annotations
 
@@ -61,6 +56,7 @@ SUPPORTED_VLLM_VERSIONS = ("0.28.0",)
 ENV_SEMANTICS = "STATESCOPE_COPY_SEMANTICS"
 PRECOPY = "precopy_mamba_align_fused_kernel"
 POSTPROCESS = "postprocess_mamba_fused_kernel"
+T = torch.Tensor  # keeps the Triton-shaped signatures readable
 
 
 @dataclass(frozen=True)
@@ -97,8 +93,8 @@ _semantics: list[Any] = ["memmove", DEFAULT_TILE_BYTES]
 _listeners: list[Callable[[CopyEvent], None]] = []
 # storage start address -> (weakref to an anchor tensor, storage byte length)
 _regions: dict[int, tuple[weakref.ref, int]] = {}
-# state tensor data_ptr -> layer label
-_labels: dict[int, str] = {}
+# state tensor data_ptr -> (layer label, weakref to its anchor: a dead one means a stale label)
+_labels: dict[int, tuple[str, weakref.ref]] = {}
 _originals: dict[str, Any] = {}
 
 
@@ -135,7 +131,7 @@ def register_tensor(tensor: torch.Tensor, label: str | None = None) -> None:
     storage = tensor.untyped_storage()
     _regions[storage.data_ptr()] = (weakref.ref(anchor), storage.nbytes())
     if label is not None:
-        _labels[tensor.data_ptr()] = label
+        _labels[tensor.data_ptr()] = (label, weakref.ref(anchor))
 
 
 def register_state_tensors(ctx: Any, kv_cache_config: Any, forward_context: dict[str, Any],
@@ -160,8 +156,6 @@ def _storage_bytes(addr: int, nbytes: int, what: str) -> tuple[torch.Tensor, int
         anchor = ref()
         if anchor is None:  # freed engine: forget it so a reused address is not misread
             del _regions[start]
-            for ptr in [p for p in _labels if start <= p < start + length]:
-                del _labels[ptr]
             continue
         if start <= addr and addr + nbytes <= start + length:
             flat = torch.empty(0, dtype=torch.uint8).set_(anchor.untyped_storage())
@@ -169,6 +163,11 @@ def _storage_bytes(addr: int, nbytes: int, what: str) -> tuple[torch.Tensor, int
     raise InputError(
         f"{what}: address {addr:#x} (+{nbytes} bytes) is not inside any registered tensor; "
         "install_cpu_kernels() before the engine's first step, or call register_state_tensors()")
+
+
+def _label(addr: int) -> str | None:
+    label, ref = _labels.get(addr, (None, None))
+    return label if ref is not None and ref() is not None else None
 
 
 def _read_i32(addr: int, what: str) -> int:
@@ -263,7 +262,7 @@ def _copy_state(kernel: str, lay: _Layout, s: int, batch_row: int, req_slot: int
     if nbytes > 0:
         _move(base + src_off, base + dst_off, nbytes, rows, row_stride, what)
     if _listeners:
-        event = CopyEvent(kernel, s, _labels.get(base), "conv" if width > 0 else "ssm", batch_row,
+        event = CopyEvent(kernel, s, _label(base), "conv" if width > 0 else "ssm", batch_row,
                           req_slot, src_col, dst_col, src_block, dst_block, bias, base, src_off,
                           dst_off, nbytes, rows, row_stride, _semantics[0], _semantics[1])
         for fn in list(_listeners):
@@ -276,20 +275,19 @@ def _grid_dims(grid: Any) -> tuple[int, int]:
     return int(grid[0]), int(grid[1])
 
 
-def _precopy(grid: tuple[int, ...], mamba_state_idx_ptr: torch.Tensor, src_col_ptr: torch.Tensor,
-             token_bias_ptr: torch.Tensor, block_table_ptrs_ptr: torch.Tensor,
-             block_table_stride_req: int, state_base_addrs_ptr: torch.Tensor,
-             state_block_strides_ptr: torch.Tensor, state_elem_sizes_ptr: torch.Tensor,
-             state_inner_sizes_ptr: torch.Tensor, state_conv_widths_ptr: torch.Tensor,
-             state_group_indices_ptr: torch.Tensor, state_dim_row_count_ptr: torch.Tensor,
-             state_dim_row_stride_ptr: torch.Tensor, idx_mapping_ptr: torch.Tensor | None,
-             num_reqs: int, COPY_BLOCK_SIZE: int = 1024, CONV_STATE_DIM_FIRST: bool = False,
+def _precopy(grid: tuple[int, ...], mamba_state_idx_ptr: T, src_col_ptr: T, token_bias_ptr: T,
+             block_table_ptrs_ptr: T, block_table_stride_req: int, state_base_addrs_ptr: T,
+             state_block_strides_ptr: T, state_elem_sizes_ptr: T, state_inner_sizes_ptr: T,
+             state_conv_widths_ptr: T, state_group_indices_ptr: T, state_dim_row_count_ptr: T,
+             state_dim_row_stride_ptr: T, idx_mapping_ptr: T | None, num_reqs: int,
+             COPY_BLOCK_SIZE: int = 1024, CONV_STATE_DIM_FIRST: bool = False,
              HAS_IDX_MAPPING: bool = True, TEMPORAL_TILES: int = 1) -> None:
     """Align pre-copy: move each request's state from its previous running column to the new one."""
     lay = _Layout.read(locals())
     rows, total_states = _grid_dims(grid)
     mapping = idx_mapping_ptr.tolist() if HAS_IDX_MAPPING else None
-    dst_cols, src_cols, biases = (t.tolist() for t in (mamba_state_idx_ptr, src_col_ptr, token_bias_ptr))
+    dst_cols, src_cols, biases = (t.tolist() for t in (mamba_state_idx_ptr, src_col_ptr,
+                                                       token_bias_ptr))
     for batch_row in range(min(rows, int(num_reqs))):
         req = mapping[batch_row] if mapping is not None else batch_row
         if req < 0 or src_cols[req] < 0 or src_cols[req] == dst_cols[req]:
@@ -299,26 +297,24 @@ def _precopy(grid: tuple[int, ...], mamba_state_idx_ptr: torch.Tensor, src_col_p
                         biases[req])
 
 
-def _postprocess(grid: tuple[int, ...], num_accepted_tokens_ptr: torch.Tensor,
-                 mamba_state_idx_ptr: torch.Tensor, num_scheduled_tokens_ptr: torch.Tensor | None,
-                 num_computed_tokens_ptr: torch.Tensor, num_draft_tokens_ptr: torch.Tensor | None,
-                 block_table_ptrs_ptr: torch.Tensor, block_table_stride_req: int,
-                 state_base_addrs_ptr: torch.Tensor, state_block_strides_ptr: torch.Tensor,
-                 state_elem_sizes_ptr: torch.Tensor, state_inner_sizes_ptr: torch.Tensor,
-                 state_conv_widths_ptr: torch.Tensor, state_group_indices_ptr: torch.Tensor,
-                 state_dim_row_count_ptr: torch.Tensor, state_dim_row_stride_ptr: torch.Tensor,
-                 num_accepted_tokens_out_ptr: torch.Tensor, idx_mapping_ptr: torch.Tensor | None,
-                 num_reqs: int, block_size: int = 0, COPY_BLOCK_SIZE: int = 1024,
-                 CONV_STATE_DIM_FIRST: bool = False, HAS_IDX_MAPPING: bool = False,
-                 PRECOMPUTED_NEW_COMPUTED: bool = False, TEMPORAL_TILES: int = 1) -> None:
+def _postprocess(grid: tuple[int, ...], num_accepted_tokens_ptr: T, mamba_state_idx_ptr: T,
+                 num_scheduled_tokens_ptr: T | None, num_computed_tokens_ptr: T,
+                 num_draft_tokens_ptr: T | None, block_table_ptrs_ptr: T,
+                 block_table_stride_req: int, state_base_addrs_ptr: T, state_block_strides_ptr: T,
+                 state_elem_sizes_ptr: T, state_inner_sizes_ptr: T, state_conv_widths_ptr: T,
+                 state_group_indices_ptr: T, state_dim_row_count_ptr: T,
+                 state_dim_row_stride_ptr: T, num_accepted_tokens_out_ptr: T,
+                 idx_mapping_ptr: T | None, num_reqs: int, block_size: int = 0,
+                 COPY_BLOCK_SIZE: int = 1024, CONV_STATE_DIM_FIRST: bool = False,
+                 HAS_IDX_MAPPING: bool = False, PRECOMPUTED_NEW_COMPUTED: bool = False,
+                 TEMPORAL_TILES: int = 1) -> None:
     """Align post-process: save the state at the last block boundary the accepted tokens reached."""
     lay = _Layout.read(locals())
     if int(block_size) <= 0:
         raise InputError(f"{POSTPROCESS}: block_size must be a positive int, got {block_size!r}")
     rows, total_states = _grid_dims(grid)
     mapping = idx_mapping_ptr.tolist() if HAS_IDX_MAPPING else None
-    accepted = num_accepted_tokens_ptr.tolist()
-    running_cols = mamba_state_idx_ptr.tolist()
+    accepted, running_cols = num_accepted_tokens_ptr.tolist(), mamba_state_idx_ptr.tolist()
     computed = num_computed_tokens_ptr.tolist()
     if not PRECOMPUTED_NEW_COMPUTED:
         scheduled, drafts = num_scheduled_tokens_ptr.tolist(), num_draft_tokens_ptr.tolist()

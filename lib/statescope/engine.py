@@ -155,7 +155,7 @@ def _margins(position_logprobs: dict | None) -> tuple[float | None, float | None
 class OfflineEngine:
     """A real in-process vLLM engine for one ``EngineConfig``."""
 
-    def __init__(self, config: EngineConfig, *, log_level: str = "WARNING") -> None:
+    def __init__(self, config: EngineConfig, *, log_level: str = "ERROR") -> None:
         check_model_dir(config.model)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", log_level)

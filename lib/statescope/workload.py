@@ -78,3 +78,37 @@ def summarize(rows: list[dict]):
         {"episode": r["episode"], "step": r["step"], "prompt_tokens": len(r["prompt_token_ids"]),
          "cached_tokens": r["num_cached_tokens"], "output_tokens": len(r["output_token_ids"]),
          "finish": r["finish_reason"], "text": r["text"][:60]} for r in rows])
+
+
+# --- GUI-agent traces (statescope.guilang episodes as trace files) -------------------------------
+
+PRESETS = {
+    # name: (episodes, steps per episode, max_tokens, pad_lines); requests = episodes * steps
+    "smoke": (4, 4, 24, 0),
+    "laptop": (16, 6, 24, 0),
+    "repro288": (48, 6, 32, 0),       # the reported repro set's shape: 288 requests
+    "long": (8, 6, 32, 120),          # longer prompts: crosses more align blocks
+}
+
+
+def preset_trace(name: str, *, vision: bool = False, seed: int = 0) -> list:
+    """The TraceSteps of a named preset. ``vision`` adds the steps' 1–3 PNG screenshots."""
+    from statescope import guilang
+    from statescope.errors import InputError
+    from statescope.screenshots import image_part
+    from statescope.trace import TraceStep
+
+    if name not in PRESETS:
+        raise InputError(f"workload preset {name!r}: expected one of {sorted(PRESETS)}")
+    n_episodes, n_steps, max_tokens, pad_lines = PRESETS[name]
+    steps = []
+    for e in range(n_episodes):
+        episode = guilang.generate_episode(seed * 100_003 + e, n_steps=n_steps)
+        for step, user in zip(episode.steps, guilang.user_turns(episode)):
+            if pad_lines and step.index == 0:
+                user = "\n".join(f"(log {i}: nothing happened)" for i in range(pad_lines)) + "\n" + user
+            content = user if not vision else (
+                [{"type": "text", "text": user}] + [image_part(s) for s in step.screenshots])
+            steps.append(TraceStep(f"ep{e:04d}", step.index, guilang.SYSTEM_PROMPT, content,
+                                   max_tokens, expected=step.action))
+    return steps

@@ -1,0 +1,89 @@
+"""Throughput cost of capture: off vs digest vs full, as ratios measured in one run on one engine.
+
+One in-process engine (the embedded default, trigger configuration: prefix caching + align +
+MTP(2)) serves the same workload in interleaved rounds — off, digest, full, off, digest, full, … —
+with the prefix cache reset before each round, so drift on a shared machine hits every mode
+alike. Capture is switched with ``statescope.capture.install`` / ``uninstall`` between rounds
+("off" = no hooks at all, what an unset ``STATESCOPE_CAPTURE`` gives). Each round's time
+includes the capture's own flush at its end (the flusher thread's work counts too). Prints one
+JSON line per round and a summary: median tokens/s per mode and the ratio to "off"
+(goal: digest within 10% on CPU).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 3] [--requests 8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+import statescope  # noqa: E402,F401  (CPU import shims before vLLM)
+
+
+def prompts(n: int, length: int) -> list[str]:
+    """Distinct prompts that cross the 384-token block boundary while decoding."""
+    return [f"{i:03d}:" + "abcdefghij"[i % 10] * (length - 4 - i % 5) for i in range(n)]
+
+
+def one_round(engine, capture, mode: str, out_dir: str, batch: list[str], max_tokens: int) -> dict:
+    if mode != "off":
+        spec = {"output_dir": out_dir, "mode": mode, "run_id": f"bench-{mode}"}
+        if mode == "full":
+            spec["full"] = {"first_steps": 2}
+        capture.install(spec)
+    engine.reset_prefix_cache()
+    t0 = time.perf_counter()
+    records = engine.generate(batch, max_tokens=max_tokens, ignore_eos=True)
+    dirs = capture.uninstall() if mode != "off" else []
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(r.output_token_ids) for r in records)
+    size = sum(os.path.getsize(os.path.join(dp, f)) for d in dirs
+               for dp, _, files in os.walk(d) for f in files)
+    return {"mode": mode, "seconds": elapsed, "tokens": tokens, "tok_per_s": tokens / elapsed,
+            "capture_bytes": size}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=372)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from statescope import capture
+    from statescope.engine import EngineConfig, OfflineEngine
+
+    engine = OfflineEngine(EngineConfig())
+    batch = prompts(args.requests, args.prompt_len)
+    out_dir = tempfile.mkdtemp(prefix="statescope-bench-capture-")
+    one_round(engine, capture, "off", out_dir, batch, args.max_tokens)  # warm-up, not counted
+    results: dict[str, list[float]] = {"off": [], "digest": [], "full": []}
+    for _ in range(args.rounds):
+        for mode in results:
+            r = one_round(engine, capture, mode, out_dir, batch, args.max_tokens)
+            print(json.dumps(r))
+            results[mode].append(r["tok_per_s"])
+    engine.close()
+    base = statistics.median(results["off"])
+    summary = {m: {"median_tok_per_s": round(statistics.median(v), 2),
+                   "ratio_to_off": round(statistics.median(v) / base, 3),
+                   "slowdown_pct": round(100 * (1 - statistics.median(v) / base), 1)}
+               for m, v in results.items()}
+    summary["goal_digest_within_10pct"] = summary["digest"]["slowdown_pct"] <= 10
+    print(json.dumps({"summary": summary, "rounds": args.rounds, "requests": args.requests,
+                      "max_tokens": args.max_tokens, "out_dir": out_dir}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

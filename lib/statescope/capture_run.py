@@ -1,0 +1,344 @@
+"""One capture run = one model runner: per-step bookkeeping in the step, emission to disk later.
+
+What it does, in the step (called from ``statescope.capture_hooks`` through the recorder):
+``begin_step`` notes what the scheduler scheduled (computed tokens at schedule time, scheduled
+and draft tokens, the prefix-cache hit of a newly scheduled request); the copy hooks note each
+copy launch (scalar: the host pointer arrays; fused: the launch's decision inputs, copied on the
+device); ``note_sampled`` counts accepted tokens per row on the device; ``end_step`` gathers the
+selected requests' running blocks, digests them (``statescope.digest``), takes the snapshots the
+spec asks for, starts the device->host copies and records a ``Fence``. Nothing in the step reads
+a device value on the host.
+
+Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
+done become rows of the ``steps``, ``digests``, ``copies`` (decoded by
+``statescope.census_decode`` and classified per launch by ``statescope.census``) and
+``snapshots`` tables, written through ``statescope.capture_store.CaptureWriter``. On CPU the
+census decoded from launch inputs is cross-checked against the copies ``statescope.cpu_kernels``
+reports doing (``observed`` column; counts in the manifest).
+
+What it deliberately does not do: install hooks or own threads (``statescope.capture``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from statescope import census, census_decode as cd
+from statescope.capture_adapters import mamba_groups
+from statescope.capture_store import CaptureWriter
+from statescope.digest import Digester, Fence, gather_snapshot, host_to_device, to_host_async
+
+KINDS = ("conv", "ssm")
+
+
+@dataclass
+class _Launch:
+    seq: int
+    kind: str  # "scalar" | "precopy" | "postprocess"
+    data: Any = None  # scalar: (src, dst, sizes) host arrays; fused: host tensor of decisions
+    owners: dict = field(default_factory=dict)
+    observed: list = field(default_factory=list)
+
+
+@dataclass
+class _Step:
+    engine_step: int
+    sched: dict  # req_id -> dict of schedule-time facts
+    accepted: torch.Tensor | None = None
+    launches: list = field(default_factory=list)
+    current: _Launch | None = None
+    scalar_owners: dict = field(default_factory=dict)
+
+
+def _running_col(runner: Any, req_id: str, blocks: list, facts: dict, bs: int) -> int:
+    idx = getattr(runner, "mamba_state_idx", None)
+    if idx is not None and req_id in idx and runner.cache_config.mamba_cache_mode == "align":
+        return int(idx[req_id])
+    if len(blocks) <= 1:
+        return 0
+    end = facts["num_computed_tokens"] + facts["num_scheduled_tokens"]
+    return min(len(blocks) - 1, max(0, -(-end // bs) - 1))
+
+
+class RunCapture:
+    def __init__(self, spec: Any, runner: Any, run_dir: Any, manifest: dict) -> None:
+        self.spec = spec
+        self.runner_ref = weakref.ref(runner)
+        kvc = runner.kv_cache_config
+        self.groups, mspec = mamba_groups(kvc)
+        self.block_size = int(mspec.block_size)
+        self.layers = [(name, g) for g in self.groups for name in kvc.kv_cache_groups[g].layer_names]
+        from vllm.v1.worker import mamba_utils as mu
+
+        dim_first = bool(getattr(mu, "is_conv_state_dim_first", lambda: False)())
+        states = self._states(runner)
+        self.geoms = cd.geometry_from_states(
+            [(n, g, s) for (n, g), s in zip(self.layers, states)], dim_first)
+        self.device = states[0][0].device
+        self.digester = Digester(spec.projections, spec.digest_seed)
+        manifest.update(states=[g.to_dict() for g in self.geoms], block_size=self.block_size,
+                        mamba_groups=self.groups, digest_stats=list(self.digester.names),
+                        state_device=str(self.device))
+        self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
+        self.lock = threading.Lock()  # guards ``pending`` (step thread vs flusher)
+        self.drain_lock = threading.RLock()  # one drainer at a time (flusher vs explicit flush)
+        self.pending: deque = deque()
+        self.step: _Step | None = None
+        self.engine_step = 0
+        self.reqs: dict[str, dict] = {}
+        self._tokenizer: Any = None
+        self.snap_reserved = 0
+        self.skipped = 0
+        self.crosscheck = {"decoded": 0, "observed": 0, "decoded_not_observed": 0,
+                           "observed_not_decoded": 0}
+        self.steps_since_write = 0
+        self.last_write = time.monotonic()
+
+    # ---- in the step -------------------------------------------------------------------------
+
+    def _states(self, runner: Any) -> list:
+        ctx = runner.compilation_config.static_forward_context
+        return [list(ctx[name].kv_cache[:2]) for name, _ in self.layers]
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            runner = self.runner_ref()
+            self._tokenizer = AutoTokenizer.from_pretrained(runner.model_config.tokenizer)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def begin_step(self, so: Any) -> None:
+        self.engine_step += 1
+        for rid in so.finished_req_ids:
+            self.reqs.pop(rid, None)
+        spec_tokens = so.scheduled_spec_decode_tokens
+        sched = {}
+        for new in so.scheduled_new_reqs:
+            sched[new.req_id] = {"num_computed_tokens": int(new.num_computed_tokens), "is_new": True,
+                                 "prefix_hit_tokens": int(new.num_computed_tokens)}
+        cached = so.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", set())
+        for rid, comp in zip(cached.req_ids, cached.num_computed_tokens):
+            sched[rid] = {"num_computed_tokens": int(comp), "is_new": rid in resumed,
+                          "prefix_hit_tokens": int(comp) if rid in resumed else None}
+        for rid, facts in sched.items():
+            facts["num_scheduled_tokens"] = int(so.num_scheduled_tokens.get(rid, 0))
+            facts["num_drafts"] = len(spec_tokens.get(rid, ()))
+        self.step = _Step(self.engine_step, sched)
+
+    def note_sampled(self, output_token_ids: torch.Tensor) -> None:
+        if self.step is not None:
+            self.step.accepted = (output_token_ids != -1).sum(1)
+
+    def scalar_meta(self, before: int, after: int, owner: dict) -> None:
+        if self.step is not None:
+            for off in range(before, after):
+                self.step.scalar_owners[off] = owner
+
+    def open_launch(self, kind: str, data: Any, owners: dict | None = None) -> None:
+        if self.step is None:
+            return
+        launch = _Launch(len(self.step.launches), kind, data, owners or {})
+        self.step.launches.append(launch)
+        self.step.current = launch
+        self.step.scalar_owners = {}
+
+    def launch_done(self) -> None:
+        if self.step is not None:
+            self.step.current = None
+
+    def observed_copy(self, event: Any) -> None:
+        if self.step is not None and self.step.current is not None:
+            self.step.current.observed.append(event)
+
+    def _selected(self, runner: Any, rid: str) -> dict:
+        info = self.reqs.get(rid)
+        if info is None:
+            prompt = list(runner.requests[rid].prompt_token_ids or [])
+            from statescope.capture_spec import prompt_sha
+
+            info = {"selected": self.spec.selects(rid, prompt, self._tokenize),
+                    "prompt_sha": prompt_sha(prompt), "prompt_len": len(prompt), "steps": 0}
+            self.reqs[rid] = info
+        return info
+
+    def end_step(self, runner: Any) -> None:
+        step, self.step = self.step, None
+        if step is None or not step.sched:
+            return
+        index = runner.input_batch.req_id_to_index
+        live = [rid for rid in step.sched if rid in index and rid in runner.requests]
+        sel = sorted((rid for rid in live if self._selected(runner, rid)["selected"]), key=index.get)
+        block_ids = {rid: tuple(list(b) for b in runner.requests[rid].block_ids) for rid in live}
+        batch = sorted(live, key=index.get)
+        metas, cols = [], []
+        for rid in sel:
+            info, facts = self.reqs[rid], step.sched[rid]
+            group_blocks = [block_ids[rid][g] for g in self.groups]
+            col = _running_col(runner, rid, group_blocks[0], facts, self.block_size)
+            running = [b[col] if col < len(b) else 0 for b in group_blocks]
+            cols.append(dict(zip(self.groups, running)))
+            metas.append(dict(facts, engine_step=step.engine_step, req_id=rid,
+                              prompt_sha=info["prompt_sha"], prompt_len=info["prompt_len"],
+                              req_step=info["steps"], batch_row=index[rid], running_col=col,
+                              running_blocks=running, mamba_block_ids=group_blocks,
+                              block_size=self.block_size,
+                              num_computed_runner=int(runner.requests[rid].num_computed_tokens)))
+            info["steps"] += 1
+        out: dict[str, Any] = {"engine_step": step.engine_step, "metas": metas, "launches":
+                               step.launches, "block_ids": block_ids, "batch": batch}
+        if sel:
+            states = self._states(runner)
+            idx = host_to_device(torch.tensor([[c[g] for c in cols] for _, g in self.layers],
+                                              dtype=torch.int64), self.device)
+            stats, sums = zip(*(self.digester.digest([s[k] for s in states], idx) for k in (0, 1)))
+            out["stats"] = to_host_async(torch.stack(stats))
+            out["checksum"] = to_host_async(torch.stack(sums))
+            if step.accepted is not None:
+                rows = host_to_device(torch.tensor([index[r] for r in sel]), step.accepted.device)
+                out["accepted"] = to_host_async(step.accepted.index_select(0, rows))
+            out["snaps"] = self._snapshots(states, idx, metas)
+        out["fence"] = Fence(self.device)
+        with self.lock:
+            self.pending.append(out)
+
+    def _snapshots(self, states: list, idx: torch.Tensor, metas: list) -> list:
+        snaps = []
+        per_req = sum(g.natural_bytes for g in self.geoms)
+        for r, meta in enumerate(metas):
+            if not self.spec.wants_snapshot(meta["req_id"], meta["req_step"]):
+                continue
+            budget = self.spec.max_bytes - (self.writer.bytes_written - self.writer.tensor_bytes)
+            if self.snap_reserved + per_req > budget:
+                self.skipped += 1
+                continue
+            self.snap_reserved += per_req
+            meta["snapshot"] = True
+            for k, kind in enumerate(KINDS):
+                t = gather_snapshot([s[k] for s in states], idx[:, r])
+                snaps.append((r, kind, to_host_async(t)))
+        return snaps
+
+    # ---- later: rows and files ---------------------------------------------------------------
+
+    def drain(self, force: bool = False) -> int:
+        """Emit finished steps (all of them, waiting, when ``force``); returns steps emitted."""
+        with self.drain_lock:
+            return self._drain(force)
+
+    def _drain(self, force: bool) -> int:
+        done = []
+        with self.lock:
+            while self.pending and (force or self.pending[0]["fence"].done()):
+                done.append(self.pending.popleft())
+        for item in done:
+            if force:
+                item["fence"].wait()
+            self._emit(item)
+        self.steps_since_write += len(done)
+        idle = time.monotonic() - self.last_write > self.spec.flush_interval_s
+        if self.steps_since_write and (force or idle
+                                       or self.steps_since_write >= self.spec.flush_every_steps):
+            self.write()
+        return len(done)
+
+    def write(self) -> None:
+        self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
+                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
+        self.writer.write()
+        self.steps_since_write = 0
+        self.last_write = time.monotonic()
+
+    def _emit(self, item: dict) -> None:
+        metas, es = item["metas"], item["engine_step"]
+        acc = item.get("accepted")
+        for r, meta in enumerate(metas):
+            meta.setdefault("snapshot", False)
+            meta["accepted"] = int(acc[r]) if acc is not None else None
+        self.writer.add_rows("steps", metas)
+        if metas:
+            self._emit_digests(item, metas, es)
+        for r, kind, t in item.get("snaps", []):
+            sha, shard = self.writer.add_tensor(t)
+            layers = [g.layer for g in self.geoms if g.kind == kind]
+            self.writer.add_rows("snapshots", [dict(
+                engine_step=es, req_id=metas[r]["req_id"], req_step=metas[r]["req_step"],
+                prompt_sha=metas[r]["prompt_sha"], kind=kind, layers=layers, sha256=sha,
+                shard=shard, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""),
+                nbytes=t.numel() * t.element_size())])
+        if self.spec.census:
+            for launch in item["launches"]:
+                self.writer.add_rows("copies", self._census_rows(launch, item, es))
+
+    def _emit_digests(self, item: dict, metas: list, es: int) -> None:
+        stats, sums = item["stats"].numpy(), item["checksum"].numpy()
+        names = self.digester.names
+        layer_names = [n for n, _ in self.layers]
+        rows = []
+        for k, kind in enumerate(KINDS):
+            for li, layer in enumerate(layer_names):
+                g = self.layers[li][1]
+                for r, meta in enumerate(metas):
+                    row = {"engine_step": es, "req_id": meta["req_id"], "req_step": meta["req_step"],
+                           "prompt_sha": meta["prompt_sha"], "layer": layer, "layer_index": li,
+                           "kind": kind, "block_id": meta["running_blocks"][self.groups.index(g)],
+                           "checksum": int(sums[k, li, r])}
+                    row.update(zip(names, (float(v) for v in stats[k, li, r])))
+                    rows.append(row)
+        self.writer.add_rows("digests", rows)
+
+    def _census_rows(self, launch: _Launch, item: dict, es: int) -> list[dict]:
+        batch, block_ids = item["batch"], item["block_ids"]
+        if launch.kind == "scalar":
+            src, dst, sizes = launch.data
+            owners = [dict(launch.owners.get(i, {})) for i in range(len(sizes))]
+            for o in owners:
+                o["batch_row"] = batch.index(o["req_id"]) if o.get("req_id") in batch else -1
+            rows = cd.decode_scalar(self.geoms, src, dst, sizes, owners)
+        elif launch.kind == "precopy":
+            dst_cols, src_cols, biases = launch.data.numpy().T.tolist()
+            rows = cd.decode_fused_precopy(self.geoms, dst_cols, src_cols, biases, batch, block_ids)
+        else:
+            rows = cd.decode_fused_postprocess(self.geoms, launch.data.numpy().tolist(), batch,
+                                               block_ids)
+        kinds = census.classify_launch(rows)
+        seen = {(e.state_base_addr + e.src_offset, e.state_base_addr + e.dst_offset, e.nbytes)
+                for e in launch.observed}
+        observing = launch.kind != "scalar" and self._observing()
+        for row, kind in zip(rows, kinds):
+            key = (row["src_addr"], row["dst_addr"], row["nbytes"])
+            row.update(engine_step=es, launch=launch.seq, launch_kind=launch.kind, kind=kind,
+                       observed=(key in seen) if observing else None)
+        if observing:
+            decoded = {(r["src_addr"], r["dst_addr"], r["nbytes"]) for r in rows}
+            self.crosscheck["decoded"] += len(decoded)
+            self.crosscheck["observed"] += len(seen)
+            self.crosscheck["decoded_not_observed"] += len(decoded - seen)
+            self.crosscheck["observed_not_decoded"] += len(seen - decoded)
+        return rows
+
+    def _observing(self) -> bool:
+        """Whether statescope's CPU kernels (which report their copies) are in use."""
+        try:
+            from statescope import cpu_kernels
+
+            return cpu_kernels.is_installed()
+        except ImportError:
+            return False
+
+    def close(self, status: str = "complete") -> None:
+        with self.drain_lock:
+            self._close(status)
+
+    def _close(self, status: str) -> None:
+        self._drain(force=True)
+        self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
+                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
+        self.writer.close(status)

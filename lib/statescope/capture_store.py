@@ -1,0 +1,247 @@
+"""On-disk format of a capture run: parquet index tables, content-addressed safetensors shards, manifest.
+
+Layout of ``<output_dir>/<run_id>/``::
+
+    manifest.json                  mode, spec, vLLM version, resolved config, perturbation, sizes
+    tables/<name>-<part>.parquet   steps | digests | copies | snapshots (appended in parts)
+    shards/shard-<n>.safetensors   full snapshots, keyed by sha256 of the tensor bytes
+
+What it does: ``CaptureWriter`` buffers rows and tensors and writes them in parts (tensor bytes are
+deduplicated by sha256, so an unchanged block costs nothing twice) with the manifest replaced
+atomically each time; ``CaptureRun`` loads a run back as pandas frames and tensors;
+``find_runs`` lists runs under a directory. ``gdn_geometry`` / ``snapshot_bytes`` /
+``estimate_capture_bytes`` size a run before it starts, from a Hugging Face config.
+
+What it deliberately does not do: decide what is recorded (``statescope.capture``), lock against
+concurrent writers (one writer per run directory), or compact parts.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from statescope.errors import InputError
+
+FORMAT = "statescope-capture/1"
+TABLES = ("steps", "digests", "copies", "snapshots")
+MANIFEST = "manifest.json"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def tensor_sha256(t: Any) -> str:
+    import torch
+
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+    return hashlib.sha256(flat.tobytes()).hexdigest()
+
+
+class CaptureWriter:
+    """Buffered writer for one run directory; call ``write()`` to persist what is buffered."""
+
+    def __init__(self, run_dir: str | os.PathLike, manifest: Mapping[str, Any], max_bytes: int) -> None:
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "tables").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "shards").mkdir(exist_ok=True)
+        self.max_bytes = max_bytes
+        self.manifest = dict(manifest, format=FORMAT, created=_now(), status="running",
+                             truncated=False, snapshots_skipped=0)
+        self._rows: dict[str, list[dict]] = {t: [] for t in TABLES}
+        self._tensors: dict[str, Any] = {}
+        self._known: dict[str, str] = {}  # sha -> shard file name
+        self._parts = 0
+        self._shards = 0
+        self.bytes_written = 0
+        self.tensor_bytes = 0
+        self._pending_bytes = 0
+        self.write()
+
+    def add_rows(self, table: str, rows: list[dict]) -> None:
+        if table not in self._rows:
+            raise InputError(f"capture table {table!r}: expected one of {TABLES}")
+        self._rows[table].extend(rows)
+
+    def has_room(self, nbytes: int) -> bool:
+        return self.bytes_written + self._pending_bytes + nbytes <= self.max_bytes
+
+    def add_tensor(self, t: Any) -> tuple[str, str]:
+        """Buffer ``t`` (host tensor) under its sha256; returns (sha, shard file it lives in)."""
+        sha = tensor_sha256(t)
+        if sha in self._known:
+            return sha, self._known[sha]
+        if sha not in self._tensors:
+            self._tensors[sha] = t.detach().contiguous().clone()
+            self._pending_bytes += t.numel() * t.element_size()
+        return sha, f"shard-{self._shards + 1:05d}.safetensors"
+
+    def note(self, **fields: Any) -> None:
+        """Update manifest fields (written with the next ``write()``)."""
+        self.manifest.update(fields)
+
+    def write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._tensors:
+            from safetensors.torch import save_file
+
+            self._shards += 1
+            name = f"shard-{self._shards:05d}.safetensors"
+            save_file(self._tensors, str(self.run_dir / "shards" / name))
+            self.bytes_written += (self.run_dir / "shards" / name).stat().st_size
+            for sha in self._tensors:
+                self._known[sha] = name
+            self.tensor_bytes += self._pending_bytes
+            self._tensors, self._pending_bytes = {}, 0
+        wrote = False
+        for table, rows in self._rows.items():
+            if rows:
+                wrote = True
+                path = self.run_dir / "tables" / f"{table}-{self._parts + 1:05d}.parquet"
+                pq.write_table(pa.Table.from_pylist(rows), path)
+                self.bytes_written += path.stat().st_size
+                self._rows[table] = []
+        self._parts += wrote
+        self.manifest["sizes"] = {"bytes_total": self.bytes_written, "tensor_bytes": self.tensor_bytes,
+                                  "tensors": len(self._known), "parts": self._parts}
+        self._write_manifest()
+
+    def close(self, status: str = "complete") -> None:
+        self.manifest["status"] = status
+        self.manifest["closed"] = _now()
+        self.write()
+
+    def _write_manifest(self) -> None:
+        tmp = self.run_dir / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
+        os.replace(tmp, self.run_dir / MANIFEST)
+
+
+class CaptureRun:
+    """A capture run on disk, read back."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        mf = self.path / MANIFEST
+        if not mf.is_file():
+            raise InputError(f"capture run {self.path}: no {MANIFEST} (not a capture run directory)")
+        self.manifest = json.loads(mf.read_text())
+        if self.manifest.get("format") != FORMAT:
+            raise InputError(f"capture run {mf}: format {self.manifest.get('format')!r}, "
+                             f"expected {FORMAT!r}")
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in TABLES:
+            raise InputError(f"capture table {name!r}: expected one of {TABLES}")
+        parts = sorted((self.path / "tables").glob(f"{name}-*.parquet"))
+        if not parts:
+            return pd.DataFrame()
+        return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+    def steps(self) -> pd.DataFrame:
+        return self.table("steps")
+
+    def digests(self) -> pd.DataFrame:
+        return self.table("digests")
+
+    def copies(self) -> pd.DataFrame:
+        return self.table("copies")
+
+    def snapshots(self) -> pd.DataFrame:
+        return self.table("snapshots")
+
+    def tensor(self, sha: str, shard: str | None = None):
+        from safetensors import safe_open
+
+        shards = [self.path / "shards" / shard] if shard else sorted((self.path / "shards").glob("*.safetensors"))
+        for p in shards:
+            with safe_open(str(p), framework="pt") as f:
+                if sha in f.keys():
+                    return f.get_tensor(sha)
+        raise InputError(f"capture run {self.path}: no tensor {sha[:16]}... in its shards")
+
+    def snapshot(self, req_id: str, req_step: int, kind: str):
+        """The ``[layers, *shape]`` tensor of one request's state kind after one of its steps."""
+        snaps = self.snapshots()
+        if snaps.empty:
+            raise InputError(f"capture run {self.path}: has no snapshots (mode "
+                             f"{self.manifest.get('mode')!r})")
+        hit = snaps[(snaps.req_id == req_id) & (snaps.req_step == req_step) & (snaps.kind == kind)]
+        if hit.empty:
+            raise InputError(f"capture run {self.path}: no {kind} snapshot for request {req_id!r} "
+                             f"step {req_step}")
+        row = hit.iloc[0]
+        return self.tensor(row.sha256, row.shard)
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"CaptureRun({self.path}, mode={m.get('mode')}, status={m.get('status')}, "
+                f"bytes={m.get('sizes', {}).get('bytes_total')})")
+
+
+def find_runs(output_dir: str | os.PathLike) -> list[Path]:
+    """Run directories under ``output_dir``, oldest first (by manifest modification time)."""
+    root = Path(output_dir)
+    runs = [p.parent for p in root.glob(f"*/{MANIFEST}")]
+    return sorted(runs, key=lambda p: (p / MANIFEST).stat().st_mtime)
+
+
+# ---- sizing before a run ------------------------------------------------------------------------
+
+def gdn_geometry(hf_config: Mapping[str, Any], tp: int = 1, num_speculative_tokens: int = 0,
+                 conv_dtype: str = "bfloat16", ssm_dtype: str = "float32") -> dict:
+    """Per-sequence GDN state geometry from a Qwen3-Next/Qwen3.5 style config (text part)."""
+    cfg = hf_config.get("text_config", hf_config)
+    try:
+        kh, kd = cfg["linear_num_key_heads"], cfg["linear_key_head_dim"]
+        vh, vd = cfg["linear_num_value_heads"], cfg["linear_value_head_dim"]
+        kernel = cfg["linear_conv_kernel_dim"]
+        n_layers = cfg["num_hidden_layers"]
+    except KeyError as exc:
+        raise InputError(f"model config: missing {exc.args[0]!r}; expected a GDN hybrid "
+                         "(Qwen3-Next / Qwen3.5) config") from None
+    types = cfg.get("layer_types")
+    if types:
+        gdn_layers = sum(t == "linear_attention" for t in types)
+    else:
+        interval = cfg.get("full_attention_interval", 4)
+        gdn_layers = n_layers - n_layers // interval
+    conv_dim = (2 * kh * kd + vh * vd) // tp
+    state_len = kernel - 1 + num_speculative_tokens
+    if conv_dtype not in DTYPE_BYTES or ssm_dtype not in DTYPE_BYTES:
+        raise InputError(f"dtype: expected one of {sorted(DTYPE_BYTES)}")
+    return {"gdn_layers": gdn_layers, "conv_shape": [state_len, conv_dim],
+            "ssm_shape": [vh // tp, vd, kd], "conv_bytes": state_len * conv_dim * DTYPE_BYTES[conv_dtype],
+            "ssm_bytes": (vh // tp) * vd * kd * DTYPE_BYTES[ssm_dtype]}
+
+
+def snapshot_bytes(geometry: Mapping[str, Any]) -> int:
+    """Bytes of one full snapshot of one sequence (every GDN layer, conv window + recurrent state)."""
+    return geometry["gdn_layers"] * (geometry["conv_bytes"] + geometry["ssm_bytes"])
+
+
+def estimate_capture_bytes(geometry: Mapping[str, Any], requests: int, steps_per_request: int,
+                           mode: str = "digest", snapshot_pairs: int = 0,
+                           projections: int = 3) -> dict:
+    """Upper-bound bytes of a run: digests and step rows for every (request, step), plus snapshots
+    (no dedup assumed). Row sizes are uncompressed parquet estimates."""
+    steps = requests * steps_per_request
+    digest_row = 8 * (5 + projections) + 8 + 96  # stats, checksum, keys
+    digest = 0 if mode == "off" else steps * 2 * geometry["gdn_layers"] * digest_row
+    step_rows = 0 if mode == "off" else steps * 160
+    snaps = snapshot_pairs * snapshot_bytes(geometry) if mode == "full" else 0
+    return {"digest_bytes": digest, "step_bytes": step_rows, "snapshot_bytes": snaps,
+            "total_bytes": digest + step_rows + snaps,
+            "snapshot_bytes_per_sequence": snapshot_bytes(geometry)}

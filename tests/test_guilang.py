@@ -1,0 +1,109 @@
+"""guilang: deterministic episodes, exact step counts, prompts that share prefixes, an independent
+re-derivation of every correct action from the observation + goal, parsing and grading."""
+import re
+
+import pytest
+
+from statescope import guilang as g
+
+LINE = re.compile(r'\[(\d+)\] (textbox|button|text) "([^"]*)"(?: value="([^"]*)")?')
+
+
+def solve(goal: str, observation: str) -> str:
+    """An independent solver written from the rule list in the module docstring."""
+    values = dict(re.findall(r"(\w+)=(\w+)", goal.split(":", 1)[1]))
+    submit = re.search(r"then press (\w+)\.", goal).group(1)
+    lines = observation.splitlines()
+    if any(line.startswith("dialog ") for line in lines):
+        return "key(esc)"
+    if lines[0].endswith("submitted"):
+        return "done()"
+    widgets = [LINE.match(line).groups() for line in lines[1:] if line.startswith("[")]
+    for wid, role, label, value in widgets:
+        if role == "textbox" and value == "":
+            return f'type(id={wid}, text="{values[label]}")'
+    for wid, role, label, _ in widgets:
+        if role == "button" and label == submit:
+            return f"click(id={wid})"
+    if "(more below)" in lines:
+        return "scroll(down)"
+    return "click(id=%s)" % next(w for w, r, lab, _ in widgets if r == "button" and lab == "Next")
+
+
+@pytest.mark.parametrize("n_steps", range(3, 15))
+def test_episode_has_exact_steps_and_solver_agrees(n_steps):
+    for seed in range(25):
+        ep = g.generate_episode(seed, n_steps)
+        assert len(ep.steps) == n_steps
+        assert ep.steps[-1].action == "done()"
+        for step in ep.steps:
+            assert g.is_valid_action(step.action)
+            assert solve(ep.goal, step.observation) == step.action, (seed, step.index)
+
+
+def test_deterministic_and_seed_dependent():
+    a, b = g.generate_episode(7, 8), g.generate_episode(7, 8)
+    assert a == b
+    assert g.generate_episode(8, 8).goal != a.goal or g.generate_episode(8, 8).steps != a.steps
+
+
+def test_all_action_kinds_occur():
+    kinds = {s.kind for seed in range(60) for s in g.generate_episode(seed, 9).steps}
+    assert kinds == {"type", "click_submit", "click_next", "scroll", "key", "done"}
+
+
+def test_bad_n_steps():
+    with pytest.raises(ValueError):
+        g.generate_episode(0, 2)
+    with pytest.raises(ValueError):
+        g.generate_episode(0, 40)
+
+
+def test_prompts_grow_with_shared_prefix():
+    ep = g.generate_episode(3, 7)
+    prompts = [g.render_prompt(ep, i) for i in range(7)]
+    for i in range(6):
+        assert prompts[i + 1].startswith(prompts[i] + ep.steps[i].action + "<|im_end|>\n")
+    assert prompts[0].count("Goal:") == 1 and prompts[-1].endswith("<|im_start|>assistant\n")
+    whole = "".join(t for t, _ in g.transcript_segments(ep))
+    assert whole == prompts[-1] + ep.steps[-1].action + "<|im_end|>\n"
+    msgs = g.render_messages(ep, 2)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[2]["content"] == ep.steps[0].action
+    with pytest.raises(IndexError):
+        g.render_messages(ep, 7)
+
+
+def test_chat_template_renders_the_same_prompt():
+    from jinja2 import Template
+
+    from statescope.structured_model import CHAT_TEMPLATE
+
+    ep = g.generate_episode(5, 5)
+    rendered = Template(CHAT_TEMPLATE).render(messages=g.render_messages(ep, 3), add_generation_prompt=True)
+    assert rendered == g.render_prompt(ep, 3)
+
+
+def test_screenshot_specs():
+    ep = g.generate_episode(11, 9)
+    for step in ep.steps:
+        assert 1 <= len(step.screenshots) <= 3
+        for shot in step.screenshots:
+            assert shot["width"] > 0 and shot["height"] > 0
+            for w in shot["widgets"]:
+                assert f"[{w['id']}]" in step.observation
+    assert any(len(s.screenshots) > 1 for s in ep.steps)
+
+
+def test_parse_and_grade():
+    assert g.parse_action('type(id=12, text="kiwi")<|im_end|>') == {"name": "type", "id": 12, "text": "kiwi"}
+    assert g.parse_action(" click(id=3) ") == {"name": "click", "id": 3}
+    assert g.parse_action("scroll(down)") == {"name": "scroll", "direction": "down"}
+    assert g.parse_action("key(esc)") == {"name": "key", "key": "esc"}
+    assert g.parse_action("done()") == {"name": "done"}
+    for bad in ["!!!!!!", "", "click(id=)", "click(id=3) click(id=4)", 'type(id=1, text="a"b")', "done"]:
+        assert not g.is_valid_action(bad), bad
+    step = g.generate_episode(0, 4).steps[0]
+    assert g.grade(step.action, step) == {"valid": True, "correct": True}
+    assert g.grade("done()", step) == {"valid": True, "correct": False}
+    assert g.grade("!!!!", step) == {"valid": False, "correct": False}

@@ -1,0 +1,50 @@
+"""Notebooks: jupytext pairs in sync and stripped; each notebook executes headless and renders."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from statescope.render import NOTEBOOKS, notebook_paths, run_notebook
+
+PAIRS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
+
+
+def test_there_are_notebooks():
+    assert PAIRS, "notebooks/ has no NN_name.py notebooks"
+
+
+@pytest.mark.parametrize("py_path", PAIRS, ids=lambda p: p.stem)
+def test_pair_in_sync_and_stripped(py_path: Path):
+    import jupytext
+
+    ipynb = py_path.with_suffix(".ipynb")
+    assert ipynb.is_file(), f"{ipynb.name} missing: run `statescope workbook {py_path.stem}`"
+    raw = json.loads(ipynb.read_text())
+    assert not any(c.get("outputs") for c in raw["cells"] if c["cell_type"] == "code")
+    src = [c.source for c in jupytext.read(py_path).cells]
+    paired = [c.source for c in jupytext.read(ipynb).cells]
+    assert src == paired, f"{ipynb.name} is out of sync with {py_path.name}"
+
+
+@pytest.mark.parametrize("py_path", PAIRS, ids=lambda p: p.stem)
+def test_code_cells_are_thin(py_path: Path):
+    import jupytext
+
+    for cell in jupytext.read(py_path).cells:
+        if cell.cell_type == "code":
+            lines = [l for l in cell.source.splitlines() if l.strip() and not l.startswith("#")]
+            assert len(lines) <= 6, f"{py_path.name}: a code cell has {len(lines)} lines:\n{cell.source}"
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_quickstart_executes_and_renders(tmp_path):
+    result = run_notebook(notebook_paths(["00_quickstart"])[0], tmp_path)
+    assert result["ok"], result["error"]
+    html = Path(result["html"]).read_text()
+    for needle in ("resolved configuration", "prefix_cache_hits", "spec_accepted_tokens",
+                   "Qwen3_5MTP", "CPUModelRunner"):
+        assert needle in html
+    assert "Traceback" not in html

