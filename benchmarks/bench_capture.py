@@ -6,8 +6,9 @@ with the prefix cache reset before each round, so drift on a shared machine hits
 alike. Capture is switched with ``statescope.capture.install`` / ``uninstall`` between rounds
 ("off" = no hooks at all, what an unset ``STATESCOPE_CAPTURE`` gives). Each round's time
 includes the capture's own flush at its end (the flusher thread's work counts too). Prints one
-JSON line per round and a summary: median tokens/s per mode and the ratio to "off"
-(goal: digest within 10% on CPU).
+JSON line per round and a summary per mode: the ratio of its tokens/s to "off" (best-of-N, which
+resists other sessions' load on a shared machine, and median) and the ratio of tokens per CPU
+second of the whole process (the flusher thread's work included) — goal: digest within 10%.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 3] [--requests 8]
 """
@@ -39,15 +40,16 @@ def one_round(engine, capture, mode: str, out_dir: str, batch: list[str], max_to
             spec["full"] = {"first_steps": 2}
         capture.install(spec)
     engine.reset_prefix_cache()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     records = engine.generate(batch, max_tokens=max_tokens, ignore_eos=True)
     dirs = capture.uninstall() if mode != "off" else []
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(r.output_token_ids) for r in records)
     size = sum(os.path.getsize(os.path.join(dp, f)) for d in dirs
                for dp, _, files in os.walk(d) for f in files)
-    return {"mode": mode, "seconds": elapsed, "tokens": tokens, "tok_per_s": tokens / elapsed,
-            "capture_bytes": size}
+    return {"mode": mode, "seconds": round(elapsed, 4), "cpu_seconds": round(cpu, 4),
+            "tokens": tokens, "tok_per_s": round(tokens / elapsed, 2),
+            "tok_per_cpu_s": round(tokens / cpu, 2), "capture_bytes": size}
 
 
 def main() -> None:
@@ -68,19 +70,28 @@ def main() -> None:
     batch = prompts(args.requests, args.prompt_len)
     out_dir = tempfile.mkdtemp(prefix="statescope-bench-capture-")
     one_round(engine, capture, "off", out_dir, batch, args.max_tokens)  # warm-up, not counted
-    results: dict[str, list[float]] = {"off": [], "digest": [], "full": []}
+    rounds: dict[str, list[dict]] = {"off": [], "digest": [], "full": []}
     for _ in range(args.rounds):
-        for mode in results:
+        for mode in rounds:
             r = one_round(engine, capture, mode, out_dir, batch, args.max_tokens)
             print(json.dumps(r))
-            results[mode].append(r["tok_per_s"])
+            rounds[mode].append(r)
     engine.close()
-    base = statistics.median(results["off"])
-    summary = {m: {"median_tok_per_s": round(statistics.median(v), 2),
-                   "ratio_to_off": round(statistics.median(v) / base, 3),
-                   "slowdown_pct": round(100 * (1 - statistics.median(v) / base), 1)}
-               for m, v in results.items()}
-    summary["goal_digest_within_10pct"] = summary["digest"]["slowdown_pct"] <= 10
+
+    def rate(mode: str, key: str, pick) -> float:
+        return pick([r[key] for r in rounds[mode]])
+
+    summary = {}
+    for mode in rounds:  # best-of-N resists other sessions' load; median shows the spread
+        summary[mode] = {
+            "best_tok_per_s": rate(mode, "tok_per_s", max),
+            "ratio_best": round(rate(mode, "tok_per_s", max) / rate("off", "tok_per_s", max), 3),
+            "ratio_median": round(rate(mode, "tok_per_s", statistics.median)
+                                  / rate("off", "tok_per_s", statistics.median), 3),
+            "ratio_cpu_time": round(rate(mode, "tok_per_cpu_s", max)
+                                    / rate("off", "tok_per_cpu_s", max), 3),
+            "capture_bytes": rounds[mode][-1]["capture_bytes"]}
+    summary["goal_digest_within_10pct"] = summary["digest"]["ratio_best"] >= 0.9
     print(json.dumps({"summary": summary, "rounds": args.rounds, "requests": args.requests,
                       "max_tokens": args.max_tokens, "out_dir": out_dir}, indent=2))
 

@@ -76,3 +76,19 @@ def test_not_json_and_gaps(tmp_path):
     path.write_text("".join(json.dumps(o) + "\n" for o in lines))
     with pytest.raises(InputError, match=r"t.jsonl:2: field 'step': episode 'ep0000' expected step 1"):
         read_trace(path)
+
+
+def test_geometry_places_prompt_ends(tmp_path):
+    from statescope.engine import default_model
+    from statescope.geometry import GeometryPadder
+
+    padder = GeometryPadder(str(default_model()), 64)
+    eps = episodes_of(preset_trace("smoke", geometry="mixed"))
+    steps = eps["ep0001"]
+    assert [s.geometry["align"] for s in steps[:3]] == ["before", "at", "after"]
+    msgs = build_messages(steps, 1, ["click(id=3)"])
+    for align, residue in (("before", 63), ("at", 0), ("after", 1)):
+        padded, length = padder.pad(msgs, align)
+        assert length % 64 == residue == padder.count(padded) % 64
+    with pytest.raises(InputError, match="resolved mamba_block_size"):
+        GeometryPadder(str(default_model()), 0)

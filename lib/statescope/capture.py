@@ -68,6 +68,7 @@ class Recorder:
         self.current: Any = None
         self.errors: list[str] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -100,6 +101,7 @@ class Recorder:
                                  enforce_eager=bool(vc.model_config.enforce_eager)),
         }
         run = RunCapture(self.spec, runner, run_dir, manifest)
+        run.wake = self._wake
         self._start_flusher()
         return run
 
@@ -197,12 +199,14 @@ class Recorder:
     def _start_flusher(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._stop = threading.Event()  # a closed recorder's next run gets a fresh flusher
-            self._thread = threading.Thread(target=self._flush_loop, name="statescope-capture",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._flush_loop, args=(self._stop,),
+                                            name="statescope-capture", daemon=True)
             self._thread.start()
 
-    def _flush_loop(self) -> None:
-        while not self._stop.wait(self.spec.flush_interval_s):
+    def _flush_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._wake.wait(self.spec.flush_interval_s)  # a CPU step with digests to reduce wakes it
+            self._wake.clear()
             for run in list(self.runs.values()):
                 try:
                     run.drain()
@@ -219,6 +223,7 @@ class Recorder:
 
     def close(self) -> list[Path]:
         self._stop.set()
+        self._wake.set()
         with self._lock:
             for key in list(self.runs):
                 self._close_run(key)

@@ -35,6 +35,7 @@ from statescope.capture_store import CaptureWriter
 from statescope.digest import Digester, Fence, gather_snapshot, host_to_device, to_host_async
 
 KINDS = ("conv", "ssm")
+MAX_DEFERRED = 64  # CPU: steps whose digests may wait for the flusher before the step reduces itself
 
 
 @dataclass
@@ -99,6 +100,7 @@ class RunCapture:
                            "observed_not_decoded": 0}
         self.steps_since_write = 0
         self.last_write = time.monotonic()
+        self.wake: threading.Event | None = None  # set by the recorder: wakes its flusher
 
     # ---- in the step -------------------------------------------------------------------------
 
@@ -198,9 +200,11 @@ class RunCapture:
             states = self._states(runner)
             idx = host_to_device(torch.tensor([[c[g] for c in cols] for _, g in self.layers],
                                               dtype=torch.int64), self.device)
-            stats, sums = zip(*(self.digester.digest([s[k] for s in states], idx) for k in (0, 1)))
-            out["stats"] = to_host_async(torch.stack(stats))
-            out["checksum"] = to_host_async(torch.stack(sums))
+            gathered = [self.digester.gather([s[k] for s in states], idx) for k in (0, 1)]
+            if self.device.type == "cpu" and len(self.pending) < MAX_DEFERRED:
+                out["gathered"] = gathered  # reduced by the flusher thread, off the step's path
+            else:
+                self._reduce_into(out, gathered)
             if step.accepted is not None:
                 rows = host_to_device(torch.tensor([index[r] for r in sel]), step.accepted.device)
                 out["accepted"] = to_host_async(step.accepted.index_select(0, rows))
@@ -208,6 +212,13 @@ class RunCapture:
         out["fence"] = Fence(self.device)
         with self.lock:
             self.pending.append(out)
+        if self.wake is not None and "gathered" in out:
+            self.wake.set()
+
+    def _reduce_into(self, item: dict, gathered: list) -> None:
+        stats, sums = zip(*(self.digester.reduce(g) for g in gathered))
+        item["stats"] = to_host_async(torch.stack(stats))
+        item["checksum"] = to_host_async(torch.stack(sums))
 
     def _snapshots(self, states: list, idx: torch.Tensor, metas: list) -> list:
         snaps = []
@@ -257,6 +268,8 @@ class RunCapture:
         self.last_write = time.monotonic()
 
     def _emit(self, item: dict) -> None:
+        if "gathered" in item:
+            self._reduce_into(item, item.pop("gathered"))
         metas, es = item["metas"], item["engine_step"]
         acc = item.get("accepted")
         for r, meta in enumerate(metas):

@@ -36,8 +36,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:
+    import os
+
     from statescope.render import run_notebooks
 
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
     results = run_notebooks(args.notebooks or None, out_dir=args.out)
     for r in results:
         print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['html']} ({r['seconds']:.0f} s)")
@@ -71,7 +74,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
     from statescope.trace import write_trace
     from statescope.workload import preset_trace
 
-    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed)
+    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed, geometry=args.geometry)
     path = write_trace(steps, args.out)
     info = {"trace": str(path), "requests": len(steps),
             "episodes": len({s.episode for s in steps}), "images": sum(s.n_images for s in steps)}
@@ -89,7 +92,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from statescope.trace import read_trace
     from statescope.workload import preset_trace
 
-    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset)
+    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset,
+                                                                   geometry=args.geometry)
     trigger, control = standard_arms(args.control)
     common = {"model": str(model_path(args.model))} if args.model else {}
     trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
@@ -128,12 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--preset", default="laptop", help="smoke | laptop | repro288 | long")
     wl.add_argument("--vision", action="store_true", help="attach 1-3 PNG screenshots per step")
     wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument("--geometry", default=None, help="before | at | after | mixed: prompt ends "
+                                                     "relative to the resolved Mamba block size")
     wl.add_argument("--out", default="runs/trace.jsonl")
     wl.add_argument("--json", action="store_true")
     wl.set_defaults(func=cmd_workload)
     r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
     r.add_argument("--preset", default="smoke")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
+    r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed")
     r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
     r.add_argument("--control", default="no_prefix_cache",
                    help="no_prefix_cache | no_mtp | no_async | reference")

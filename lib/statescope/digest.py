@@ -68,26 +68,33 @@ class Digester:
             self._weights[key] = host_to_device(w, device)
         return self._weights[key]
 
-    def digest(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``states``: L tensors ``[num_blocks, *shape]`` of one kind; ``block_ids``: ``[L, R]``
-        int64 on their device. Returns (stats ``[L, R, len(names)]`` float32, checksum ``[L, R]``
-        int64), still on the device."""
+    def gather(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Copy one block per (layer, request): ``states`` are L tensors ``[num_blocks, *shape]``
+        of one kind, ``block_ids`` is ``[L, R]`` int64 on their device. Returns chunks
+        ``[Lc, R, numel]`` of at most ``chunk_bytes`` each (the only in-step work on CPU)."""
         first = states[0]
         per_block = first[0].numel() * first.element_size()
         reqs = block_ids.shape[1]
         layers_per_chunk = max(1, self.chunk_bytes // max(1, per_block * max(1, reqs)))
-        stats, sums = [], []
+        chunks = []
         for start in range(0, len(states), layers_per_chunk):
-            chunk = states[start:start + layers_per_chunk]
-            gathered = torch.empty((len(chunk), reqs) + tuple(first.shape[1:]), dtype=first.dtype,
-                                   device=first.device)
-            for i, s in enumerate(chunk):  # one copy, straight into place
-                torch.index_select(s, 0, block_ids[start + i], out=gathered[i])
-            s, c = self._reduce(gathered.view(len(chunk), reqs, -1))
-            stats.append(s)
-            sums.append(c)
+            part = states[start:start + layers_per_chunk]
+            out = torch.empty((len(part), reqs) + tuple(first.shape[1:]), dtype=first.dtype,
+                              device=first.device)
+            for i, s in enumerate(part):  # one copy, straight into place
+                torch.index_select(s, 0, block_ids[start + i], out=out[i])
+            chunks.append(out.view(len(part), reqs, -1))
+        return chunks
+
+    def reduce(self, chunks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stats ``[L, R, len(names)]`` float32, checksum ``[L, R]`` int64) on the chunks' device."""
+        stats, sums = zip(*(self._reduce(c) for c in chunks))
         return torch.cat(stats), torch.cat(sums)
+
+    def digest(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``reduce(gather(states, block_ids))``."""
+        return self.reduce(self.gather(states, block_ids))
 
     def _reduce(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Few passes over the gathered bytes: one matmul (sum + projections), norm, min, max, one

@@ -69,17 +69,34 @@ class ArmRun:
     lifetimes: dict[str, int] = field(default_factory=dict)
 
 
-def trace_next_step(trace: list[TraceStep]):
-    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers."""
+def trace_next_step(trace: list[TraceStep], padder=None):
+    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
+    with a ``geometry`` are padded (``statescope.geometry``) to end where the trace asks."""
     by_episode = episodes_of(trace)
 
     def next_step(episode: str, history: list[dict]) -> StepRequest | None:
         steps, k = by_episode[episode], len(history)
         if k >= len(steps):
             return None
-        return StepRequest(episode, k, build_messages(steps, k, [r["text"] for r in history]))
+        msgs = build_messages(steps, k, [r["text"] for r in history])
+        geo = steps[k].geometry
+        if geo and padder is not None:
+            msgs, _ = padder.pad(msgs, geo["align"], geo.get("offset", 0))
+        return StepRequest(episode, k, msgs)
 
     return next_step
+
+
+def _padder_for(trace: list[TraceStep], engine):
+    if not any(s.geometry for s in trace):
+        return None
+    from statescope.geometry import GeometryPadder
+
+    resolved = engine.resolved()
+    unit = resolved.get("mamba_block_size") or resolved.get("block_size")
+    if resolved.get("mamba_cache_mode") != "align":
+        unit = resolved.get("block_size")  # no align unit: place ends on attention blocks
+    return GeometryPadder(engine.config.model, int(unit))
 
 
 def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
@@ -120,10 +137,11 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     max_tokens = max(s.max_tokens for s in trace)
     engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
     try:
+        padder = _padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
-            run_waves(engine, episodes[start:start + chunk], trace_next_step(trace), store,
+            run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder), store,
                       build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
                       all_at_once=all_at_once)
         metrics, resolved = engine.metrics(), engine.resolved()

@@ -260,3 +260,11 @@ def list_runs(root: Path | str) -> pd.DataFrame:
                             if rec.exists() else 0)
         rows.append(row)
     return pd.DataFrame(rows, columns=cols)
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """A fresh, sortable run id (``prefix-YYYYmmdd-HHMMSS-xxxx``)."""
+    import secrets
+    import time
+
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -91,8 +91,14 @@ PRESETS = {
 }
 
 
-def preset_trace(name: str, *, vision: bool = False, seed: int = 0) -> list:
-    """The TraceSteps of a named preset. ``vision`` adds the steps' 1–3 PNG screenshots."""
+GEOMETRIES = ("before", "at", "after")
+
+
+def preset_trace(name: str, *, vision: bool = False, seed: int = 0,
+                 geometry: str | None = None) -> list:
+    """The TraceSteps of a named preset. ``vision`` adds the steps' 1–3 PNG screenshots;
+    ``geometry`` ('before' | 'at' | 'after' | 'mixed') places every prompt end relative to the
+    resolved Mamba block size (applied at run time; 'mixed' cycles the three by step)."""
     from statescope import guilang
     from statescope.errors import InputError
     from statescope.screenshots import image_part
@@ -100,6 +106,9 @@ def preset_trace(name: str, *, vision: bool = False, seed: int = 0) -> list:
 
     if name not in PRESETS:
         raise InputError(f"workload preset {name!r}: expected one of {sorted(PRESETS)}")
+    if geometry not in (None, "mixed") + GEOMETRIES:
+        raise InputError(f"workload geometry {geometry!r}: expected None, 'mixed' or one of "
+                         f"{GEOMETRIES}")
     n_episodes, n_steps, max_tokens, pad_lines = PRESETS[name]
     steps = []
     for e in range(n_episodes):
@@ -109,6 +118,10 @@ def preset_trace(name: str, *, vision: bool = False, seed: int = 0) -> list:
                 user = "\n".join(f"(log {i}: nothing happened)" for i in range(pad_lines)) + "\n" + user
             content = user if not vision else (
                 [{"type": "text", "text": user}] + [image_part(s) for s in step.screenshots])
+            geo = None
+            if geometry:
+                align = GEOMETRIES[step.index % 3] if geometry == "mixed" else geometry
+                geo = {"align": align, "offset": 0}
             steps.append(TraceStep(f"ep{e:04d}", step.index, guilang.SYSTEM_PROMPT, content,
-                                   max_tokens, expected=step.action))
+                                   max_tokens, expected=step.action, geometry=geo))
     return steps
