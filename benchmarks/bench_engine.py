@@ -48,7 +48,9 @@ def run_child(model: str, mode: str, cache: str) -> dict:
     wall = time.perf_counter() - t0
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
-        raise SystemExit(f"child failed ({mode}): {proc.stderr[-3000:]}")
+        errors = [l for l in proc.stderr.splitlines() if "Error" in l]
+        return {"mode": mode, "failed": (errors or ["exit %d" % proc.returncode])[-1][-300:],
+                "wall_s": wall}
     out = json.loads(line[7:])
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out.update(mode=mode, wall_s=wall, peak_rss_mib=round(max(peak, before) / 1024, 1))
@@ -67,15 +69,22 @@ def main() -> None:
             for temp in ("cold", "warm"):
                 r = run_child(args.model, mode, cache)
                 results[f"{mode}/{temp}"] = r
-                print(json.dumps({"run": f"{mode}/{temp}", **r}))
+                print(json.dumps({"run": f"{mode}/{temp}", **r}), flush=True)
+                if "failed" in r:
+                    break
     print("\nsummary (one invocation, {} cores):".format(os.cpu_count()))
     for key, r in results.items():
+        if "failed" in r:
+            print(f"  {key:<15} FAILED: {r['failed']}")
+            continue
         print(f"  {key:<15} start {r['startup_s']:6.1f} s   workload {r['req_per_s']:5.2f} req/s "
               f"{r['gen_tok_per_s']:6.1f} gen tok/s   peak RSS (max so far) {r['peak_rss_mib']} MiB")
     for mode in modes:
-        c, w = results[f"{mode}/cold"], results[f"{mode}/warm"]
+        c, w = results.get(f"{mode}/cold", {}), results.get(f"{mode}/warm", {})
+        if "startup_s" not in c or "startup_s" not in w:
+            continue
         print(f"  {mode}: warm/cold start-up ratio {w['startup_s'] / c['startup_s']:.2f}")
-    if "compiled/warm" in results:
+    if "startup_s" in results.get("compiled/warm", {}):
         print("  compiled/eager throughput ratio (warm) "
               f"{results['compiled/warm']['gen_tok_per_s'] / results['eager/warm']['gen_tok_per_s']:.2f}")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statescope.render import NOTEBOOKS, notebook_paths, run_notebook
+from statescope.render import NOTEBOOKS, run_notebook
 
 PAIRS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 
@@ -38,13 +38,22 @@ def test_code_cells_are_thin(py_path: Path):
             assert len(lines) <= 6, f"{py_path.name}: a code cell has {len(lines)} lines:\n{cell.source}"
 
 
+# What each rendered notebook must show (beyond executing without an error).
+NEEDLES = {
+    "00_quickstart": ("resolved configuration", "prefix_cache_hits", "spec_accepted_tokens",
+                      "Qwen3_5MTP", "CPUModelRunner"),
+    "01_reproduce": ("prefix_cache_engaged", "PLANTED FAULT", "corruption detected"),
+    "02_config_matrix": ("ASYNC SCHEDULING FORCED OFF", "failure rate"),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.engine
-def test_quickstart_executes_and_renders(tmp_path):
-    result = run_notebook(notebook_paths(["00_quickstart"])[0], tmp_path)
+@pytest.mark.parametrize("py_path", PAIRS, ids=lambda p: p.stem)
+def test_notebook_executes_and_renders(tmp_path, py_path):
+    result = run_notebook(py_path, tmp_path)
     assert result["ok"], result["error"]
     html = Path(result["html"]).read_text()
-    for needle in ("resolved configuration", "prefix_cache_hits", "spec_accepted_tokens",
-                   "Qwen3_5MTP", "CPUModelRunner"):
-        assert needle in html
-    assert "Traceback" not in html
+    for needle in NEEDLES.get(py_path.stem, ()):
+        assert needle in html, f"{py_path.stem}: {needle!r} not in the rendered notebook"
+    assert "Traceback (most recent call last)" not in html

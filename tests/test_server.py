@@ -138,7 +138,8 @@ def test_metrics_from_prometheus_text():
 GUARDED_DRIVER = textwrap.dedent("""\
     import json, os, subprocess, sys, time
     # the grandchild ignores SIGTERM, so only the guard's SIGKILL escalation can remove it
-    grandchild = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    grandchild = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "open(%r, 'w').close(); time.sleep(600)" % sys.argv[1])
     child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); "
              "time.sleep(600)" % grandchild)
     g = subprocess.Popen([sys.executable, "-m", "statescope.server_guard", str(os.getpid()),
@@ -151,12 +152,14 @@ GUARDED_DRIVER = textwrap.dedent("""\
 def test_guard_kills_its_group_when_the_driver_is_killed(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(GUARDED_DRIVER)
-    driver = subprocess.Popen([PY, str(script)], stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    ignoring = tmp_path / "sigterm-ignored"  # written once the grandchild ignores SIGTERM
+    driver = subprocess.Popen([PY, str(script), str(ignoring)], stdout=subprocess.PIPE, text=True,
+                              env=SUBPROCESS_ENV)
     try:
         pgid = json.loads(driver.stdout.readline())["pgid"]
         t0 = time.monotonic()
-        while len(group_members(pgid)) < 3 and time.monotonic() - t0 < 30:
-            time.sleep(0.1)
+        while not ignoring.exists() and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
         members = group_members(pgid)
         assert len(members) == 3  # guard, child, SIGTERM-ignoring grandchild
         driver.kill()
@@ -256,7 +259,8 @@ SERVER_DRIVER = textwrap.dedent("""\
     from statescope.engine import EngineConfig
     from statescope.server import VllmServer
     s = VllmServer(EngineConfig(max_model_len=2048, kv_cache_memory_bytes=256 * 2**20,
-                                enforce_eager=True), env={"OMP_NUM_THREADS": "1"}, grace_s=10)
+                                enforce_eager=True), env={"OMP_NUM_THREADS": "1"}, grace_s=10,
+                   log_path=sys.argv[1])
     print(json.dumps({"pgid": s.pgid, "pids": s.group_pids(), "url": s.url}), flush=True)
     time.sleep(600)
     """)
@@ -267,10 +271,13 @@ SERVER_DRIVER = textwrap.dedent("""\
 def test_a_killed_driver_leaves_no_orphan_server(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(SERVER_DRIVER)
-    driver = subprocess.Popen([PY, str(script)], stdout=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
+    driver = subprocess.Popen([PY, str(script), str(tmp_path / "server.log")], stdout=subprocess.PIPE,
+                              text=True, env=SUBPROCESS_ENV)
     try:
         line = driver.stdout.readline()
-        assert line, "driver died before its server was ready"
+        log = tmp_path / "server.log"
+        assert line, "driver died before its server was ready:\n" + (
+            log.read_text()[-3000:] if log.exists() else "(no server log)")
         info = json.loads(line)
         assert httpx.get(info["url"] + "/health", timeout=10).status_code == 200
         assert len(info["pids"]) >= 4

@@ -184,6 +184,9 @@ class Recorder:
         if self.current is not None:
             self.current.observed_copy(event)
 
+    def worker_shutdown(self) -> None:
+        self.close()
+
     def hook_error(self, what: str, exc: BaseException) -> None:
         self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
         if self.strict:
@@ -314,3 +317,14 @@ def _at_exit() -> None:
             rec.close()
         except Exception as exc:  # interpreter shutdown: report, never raise
             log.warning("statescope capture: final flush failed: %s", exc)
+
+
+def _register_process_exit() -> None:
+    # vLLM's engine core and workers are multiprocessing children, which leave through
+    # os._exit: atexit never runs there, multiprocessing's own exit finalizers do.
+    from multiprocessing import util
+
+    util.Finalize(None, _at_exit, exitpriority=100)
+
+
+_register_process_exit()

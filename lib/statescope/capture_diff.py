@@ -2,12 +2,19 @@
 
 What it does: ``digest_diff(a, b)`` joins the digests of two runs on what is stable across runs —
 the prompt (``prompt_sha``), the request's own step counter, layer and state kind — and marks each
-pair ``same`` when the exact checksums agree and the float statistics agree within ``rtol``
-(the projections make a shifted or permuted state differ even when its checksum does not).
+pair ``same``:
+
+- recurrent state (``ssm``): exact checksums agree and the float statistics agree within
+  ``rtol`` (the projections make a permuted state differ even when its checksum does not);
+- conv window (``conv``), by default (``conv="live"``): only the rows the next step will read are
+  compared — ``conv_window`` rows from each run's ``conv_live_offset`` — by per-row checksum and
+  sum. The other rows of a window hold bytes left by the block's previous user, which differ
+  between runs with different histories and mean nothing. ``conv="window"`` compares everything.
+
 ``first_divergence(a, b)`` reduces that to one row per request: the first request-local step
-where anything differs, which kinds and layers differ there, and whether the request still
-matched at the previous step. ``shifts_by_request(run)`` lists, per request, the steps at which the
-census saw an in-place conv shift (``left_shift_same_block`` with bytes to move).
+where anything differs and which kinds and layers differ there. ``shifts_by_request(run)`` lists,
+per request, the steps at which the census saw an in-place conv shift (``left_shift_same_block``
+with bytes to move).
 
 What it deliberately does not do: decide which hypothesis a divergence supports (the verdict
 tools do) or compare runs of different workloads (rows that do not join are dropped).
@@ -18,34 +25,72 @@ import numpy as np
 import pandas as pd
 
 from statescope.capture_store import CaptureRun
+from statescope.errors import InputError
 
 KEYS = ["prompt_sha", "req_step", "layer", "kind"]
 
 
-def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5) -> pd.DataFrame:
-    """One row per joined (prompt, request step, layer, kind) with ``same`` and ``stat_rel_diff``."""
-    da, db = a.digests(), b.digests()
+def _with_offsets(run: CaptureRun) -> pd.DataFrame:
+    d, st = run.digests(), run.steps()
+    if d.empty:
+        return d
+    off = st[["req_id", "engine_step", "conv_live_offset"]]
+    return d.merge(off, on=["req_id", "engine_step"], how="left")
+
+
+def _live(values, offset, width: int) -> list | None:
+    if values is None or offset is None or (isinstance(offset, float) and np.isnan(offset)):
+        return None
+    values = list(values)
+    return values[int(offset):int(offset) + width]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-30)
+    rel = np.where(np.isnan(a) & np.isnan(b), 0.0, np.abs(a - b) / scale)
+    return np.nan_to_num(rel, nan=np.inf)
+
+
+def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
+                conv: str = "live") -> pd.DataFrame:
+    """One row per joined (prompt, request step, layer, kind) with ``same``."""
+    if conv not in ("live", "window"):
+        raise InputError(f"digest_diff conv={conv!r}: expected 'live' or 'window'")
+    da, db = _with_offsets(a), _with_offsets(b)
     if da.empty or db.empty:
         return pd.DataFrame(columns=KEYS + ["same"])
     stats = [c for c in a.manifest.get("digest_stats", []) if c in da.columns and c in db.columns]
     m = da.merge(db, on=KEYS, suffixes=("_a", "_b"))
-    va, vb = m[[s + "_a" for s in stats]].to_numpy(), m[[s + "_b" for s in stats]].to_numpy()
-    scale = np.maximum(np.maximum(np.abs(va), np.abs(vb)), 1e-30)
-    rel = np.where(np.isnan(va) & np.isnan(vb), 0.0, np.abs(va - vb) / scale)
-    m["stat_rel_diff"] = np.nan_to_num(rel, nan=np.inf).max(axis=1) if stats else 0.0
+    va, vb = m[[s + "_a" for s in stats]].to_numpy(float), m[[s + "_b" for s in stats]].to_numpy(float)
+    m["stat_rel_diff"] = _rel(va, vb).max(axis=1) if stats else 0.0
     m["same"] = (m["checksum_a"] == m["checksum_b"]) & (m["stat_rel_diff"] <= rtol)
+    if conv == "live":
+        width = int(a.manifest.get("conv_window", 0))
+        is_conv = m["kind"] == "conv"
+        live = []
+        for _, r in m[is_conv].iterrows():
+            ca = _live(r["row_checksums_a"], r["conv_live_offset_a"], width)
+            cb = _live(r["row_checksums_b"], r["conv_live_offset_b"], width)
+            sa = _live(r["row_sums_a"], r["conv_live_offset_a"], width)
+            sb = _live(r["row_sums_b"], r["conv_live_offset_b"], width)
+            ok = ca is not None and ca == cb and len(sa) == len(sb) and bool(
+                (_rel(np.array(sa, float), np.array(sb, float)) <= rtol).all())
+            live.append(ok)
+        m.loc[is_conv, "same"] = live
     return m
 
 
-def first_divergence(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5) -> pd.DataFrame:
+def first_divergence(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
+                     conv: str = "live") -> pd.DataFrame:
     """Per request (prompt): first differing request step, kinds/layers there, steps compared."""
-    m = digest_diff(a, b, rtol)
+    m = digest_diff(a, b, rtol, conv)
     rows = []
     for sha, g in m.groupby("prompt_sha"):
-        bad = g[~g["same"]]
+        bad = g[~g["same"].astype(bool)]
         first = int(bad["req_step"].min()) if len(bad) else None
         at = bad[bad["req_step"] == first] if first is not None else bad
         rows.append({"prompt_sha": sha, "req_id_a": g["req_id_a"].iloc[0],
+                     "req_id_b": g["req_id_b"].iloc[0],
                      "steps_compared": int(g["req_step"].nunique()), "first_step": first,
                      "kinds": sorted(at["kind"].unique()), "layers": sorted(at["layer"].unique())})
     return pd.DataFrame(rows)
@@ -60,7 +105,8 @@ def shifts_by_request(run: CaptureRun) -> pd.DataFrame:
     out = []
     for rid, g in hits.groupby("req_id"):
         steps = sorted(int(s) for s in g["engine_step"].unique())
-        mine = st[st["req_id"] == rid].set_index("engine_step")["req_step"] if not st.empty else {}
+        mine = (st[st["req_id"] == rid].set_index("engine_step")["req_step"]
+                if not st.empty else pd.Series(dtype=int))
         out.append({"req_id": rid, "engine_steps": steps,
-                    "req_steps": [int(mine[s]) for s in steps if s in mine]})
+                    "req_steps": [int(mine[s]) for s in steps if s in mine.index]})
     return pd.DataFrame(out)

@@ -12,7 +12,8 @@ that already exists, and for the CPU runner, which inherits these methods):
   runner's ``preprocess_mamba`` looks them up at call time) -> scalar copy census;
 - ``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess`` -> fused census,
   told before the launch (``sink.fused_launch``) and after it (``sink.launch_done``);
-- ``statescope.cpu_kernels`` copy listener (CPU build only) -> ``sink.observed_copy(event)``.
+- ``statescope.cpu_kernels`` copy listener (CPU build only) -> ``sink.observed_copy(event)``;
+- ``gpu_worker.Worker.shutdown`` -> ``sink.worker_shutdown()`` (closes the runs cleanly).
 
 Wrapping methods, not modules, keeps the hooks outside anything CUDA graphs or torch.compile
 capture. Every wrapper calls the original exactly once with the same arguments and returns its
@@ -139,6 +140,28 @@ def _copy_hooks(mu: Any, fused_precopy: bool) -> None:
         _wrap(ctx, "run_fused_precopy", fused("precopy"))
 
 
+def _worker_hooks() -> None:
+    """Close the runs when vLLM shuts its worker down: worker processes leave through
+    ``os._exit``, so neither atexit nor multiprocessing finalizers run there."""
+    try:
+        worker_mod = importlib.import_module("vllm.v1.worker.gpu_worker")
+    except ImportError:
+        return
+    cls = getattr(worker_mod, "Worker", None)
+    if cls is None or "shutdown" not in cls.__dict__:
+        return
+
+    def shutdown(orig):
+        def wrapper(self, *args, **kwargs):
+            sink = _sink[0]
+            if sink is not None:
+                _guard("worker_shutdown", sink.worker_shutdown)
+            return orig(self, *args, **kwargs)
+        return wrapper
+
+    _wrap(cls, "shutdown", shutdown)
+
+
 def _observed(event: Any) -> None:
     sink = _sink[0]
     if sink is not None:
@@ -151,6 +174,7 @@ def install_hooks(sink: Any, fused_precopy: bool) -> None:
     mu = importlib.import_module(MAMBA_MODULE)
     _runner_hooks(runner_mod.GPUModelRunner)
     _copy_hooks(mu, fused_precopy)
+    _worker_hooks()
     try:
         from statescope import cpu_kernels
 

@@ -83,7 +83,11 @@ class RunCapture:
             [(n, g, s) for (n, g), s in zip(self.layers, states)], dim_first)
         self.device = states[0][0].device
         self.digester = Digester(spec.projections, spec.digest_seed)
-        manifest.update(states=[g.to_dict() for g in self.geoms], block_size=self.block_size,
+        spec_cfg = runner.vllm_config.speculative_config
+        num_spec = int(spec_cfg.num_speculative_tokens) if spec_cfg else 0
+        manifest.update(conv_window=self.geoms[0].conv_width - num_spec,
+                        num_speculative_tokens=num_spec,
+                        states=[g.to_dict() for g in self.geoms], block_size=self.block_size,
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
                         state_device=str(self.device))
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
@@ -219,6 +223,9 @@ class RunCapture:
         stats, sums = zip(*(self.digester.reduce(g) for g in gathered))
         item["stats"] = to_host_async(torch.stack(stats))
         item["checksum"] = to_host_async(torch.stack(sums))
+        conv = self.geoms[0]
+        rows = self.digester.token_rows(gathered[0], conv.shape, 1 if conv.dim_rows else 0)
+        item["conv_rows"] = tuple(to_host_async(t) for t in rows)
 
     def _snapshots(self, states: list, idx: torch.Tensor, metas: list) -> list:
         snaps = []
@@ -272,9 +279,13 @@ class RunCapture:
             self._reduce_into(item, item.pop("gathered"))
         metas, es = item["metas"], item["engine_step"]
         acc = item.get("accepted")
+        resets = self._window_resets(item)
         for r, meta in enumerate(metas):
             meta.setdefault("snapshot", False)
             meta["accepted"] = int(acc[r]) if acc is not None else None
+            # first live row of the running block's conv window for the next read
+            reset = resets.get(meta["req_id"], False)
+            meta["conv_live_offset"] = 0 if reset or acc is None else max(0, int(acc[r]) - 1)
         self.writer.add_rows("steps", metas)
         if metas:
             self._emit_digests(item, metas, es)
@@ -290,8 +301,20 @@ class RunCapture:
             for launch in item["launches"]:
                 self.writer.add_rows("copies", self._census_rows(launch, item, es))
 
+    def _window_resets(self, item: dict) -> dict:
+        """req_id -> whether the post-process reset its accepted count to 1 (state moved to
+        the start of the running block), from the launch's decisions."""
+        out = {}
+        for launch in item["launches"]:
+            if launch.kind == "postprocess":
+                for row, d in enumerate(launch.data.numpy().tolist()):
+                    if row < len(item["batch"]):
+                        out[item["batch"][row]] = bool(d[4])
+        return out
+
     def _emit_digests(self, item: dict, metas: list, es: int) -> None:
         stats, sums = item["stats"].numpy(), item["checksum"].numpy()
+        row_checks, row_sums = (t.numpy() for t in item["conv_rows"])
         names = self.digester.names
         layer_names = [n for n, _ in self.layers]
         rows = []
@@ -302,7 +325,9 @@ class RunCapture:
                     row = {"engine_step": es, "req_id": meta["req_id"], "req_step": meta["req_step"],
                            "prompt_sha": meta["prompt_sha"], "layer": layer, "layer_index": li,
                            "kind": kind, "block_id": meta["running_blocks"][self.groups.index(g)],
-                           "checksum": int(sums[k, li, r])}
+                           "checksum": int(sums[k, li, r]),
+                           "row_checksums": row_checks[li, r].tolist() if k == 0 else None,
+                           "row_sums": row_sums[li, r].tolist() if k == 0 else None}
                     row.update(zip(names, (float(v) for v in stats[k, li, r])))
                     rows.append(row)
         self.writer.add_rows("digests", rows)

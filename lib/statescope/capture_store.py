@@ -111,6 +111,7 @@ class CaptureWriter:
                 self.bytes_written += path.stat().st_size
                 self._rows[table] = []
         self._parts += wrote
+        self.manifest["updated"] = _now()
         self.manifest["sizes"] = {"bytes_total": self.bytes_written, "tensor_bytes": self.tensor_bytes,
                                   "tensors": len(self._known), "parts": self._parts}
         self._write_manifest()

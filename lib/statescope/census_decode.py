@@ -127,8 +127,9 @@ def decode_fused_precopy(geoms: Sequence[StateGeometry], dst_cols: Sequence[int]
 def postprocess_decisions(num_accepted: torch.Tensor, running_cols: torch.Tensor,
                           num_scheduled: torch.Tensor, num_computed: torch.Tensor,
                           num_drafts: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Device-side mirror of the fused post-process decision: ``[num_reqs, 4]`` int64 of
-    (copy?, src column, dst column, bias). Enqueued before the kernel; never read in the step."""
+    """Device-side mirror of the fused post-process decision: ``[num_reqs, 5]`` int64 of
+    (copy?, src column, dst column, bias, reset?) — reset: the kernel sets the request's accepted
+    count to 1 (src == dst). Enqueued before the kernel; never read in the step."""
     acc, cols, sched, comp, drafts = (t.to(torch.int64) for t in
                                       (num_accepted, running_cols, num_scheduled, num_computed,
                                        num_drafts))
@@ -137,15 +138,17 @@ def postprocess_decisions(num_accepted: torch.Tensor, running_cols: torch.Tensor
     aligned = torch.div(new, block_size, rounding_mode="floor") * block_size
     bias = aligned - running
     dst = torch.div(aligned, block_size, rounding_mode="floor") - 1
-    copy = (aligned >= running) & ~((cols == dst) & (bias == 0))
-    return torch.stack([copy.to(torch.int64), cols, dst, bias], -1)
+    crossed = aligned >= running
+    copy = crossed & ~((cols == dst) & (bias == 0))
+    reset = crossed & (cols == dst)
+    return torch.stack([copy.to(torch.int64), cols, dst, bias, reset.to(torch.int64)], -1)
 
 
 def decode_fused_postprocess(geoms: Sequence[StateGeometry], decisions: Sequence[Sequence[int]],
                              req_ids: Sequence[str],
                              block_ids: Mapping[str, Sequence[Sequence[int]]]) -> list[dict]:
     """Rows for one fused post-process launch from ``postprocess_decisions`` read back."""
-    return _expand(geoms, [tuple(int(x) for x in d) for d in decisions], req_ids, block_ids,
+    return _expand(geoms, [tuple(int(x) for x in d[:4]) for d in decisions], req_ids, block_ids,
                    "postprocess")
 
 

@@ -96,6 +96,21 @@ class Digester:
         """``reduce(gather(states, block_ids))``."""
         return self.reduce(self.gather(states, block_ids))
 
+    @staticmethod
+    def token_rows(chunks: Sequence[torch.Tensor], block_shape: Sequence[int], token_axis: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token-row (checksum, float sum) of gathered conv windows: ``[L, R, state_len]``
+        each. A window's rows are not all live (prefill writes only the first ``kernel - 1``;
+        after a step the live rows start at ``accepted - 1``), so comparisons pick live rows."""
+        sums, checks = [], []
+        for c in chunks:
+            w = c.view(c.shape[0], c.shape[1], *block_shape)
+            if token_axis == 1:  # DS layout: (conv_dim, state_len) per block
+                w = w.transpose(-1, -2).contiguous()
+            checks.append(w.view(_INT_VIEW[w.element_size()]).sum(-1, dtype=torch.int32))
+            sums.append(w.to(torch.float32).sum(-1))
+        return torch.cat(checks).to(torch.int64), torch.cat(sums)
+
     def _reduce(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Few passes over the gathered bytes: one matmul (sum + projections), norm, min, max, one
         integer sum; NaN/Inf are counted only in the rows whose sums say they have any."""

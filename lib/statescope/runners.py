@@ -52,29 +52,33 @@ def prompt_kind(prompt: Any, index: int = 0) -> str:
 
 
 def _margin(values: Sequence[float]) -> tuple[float | None, float | None]:
-    ranked = sorted(values, reverse=True)
-    if not ranked:
-        return None, None
-    return ranked[0], (ranked[0] - ranked[1]) if len(ranked) > 1 else None
+    ranked = sorted(values, reverse=True) + [None, None]  # (top-1, top-1 minus top-2)
+    return ranked[0], (ranked[0] - ranked[1]) if ranked[1] is not None else None
 
 
 @runtime_checkable
 class Runner(Protocol):
+    """What ``run_waves`` and the workbook need from a driver ('offline' or 'server' ``kind``)."""
+
     kind: str
 
     def generate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                  ignore_eos: bool = False) -> list[RequestRecord]: ...
-
     def metrics(self) -> dict: ...
-
     def resolved(self) -> dict: ...
-
     def reset_prefix_cache(self) -> bool: ...
-
     def close(self) -> None: ...
 
 
-class OfflineRunner:
+class _ClosingContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class OfflineRunner(_ClosingContext):
     """Runner over an in-process ``OfflineEngine`` (started here from a config, or given)."""
 
     kind = "offline"
@@ -119,12 +123,6 @@ class OfflineRunner:
         if self._owns:
             self.engine.close()
 
-    def __enter__(self) -> "OfflineRunner":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 @dataclass
 class _Session:
@@ -144,7 +142,7 @@ def _run_sync(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-class ServerRunner:
+class ServerRunner(_ClosingContext):
     """Runner over a vLLM OpenAI-compatible server: a ``VllmServer`` or the URL of a running one."""
 
     kind = "server"
@@ -261,8 +259,8 @@ class ServerRunner:
             async with self.session() as own:
                 return await self.agenerate(prompts, max_tokens=max_tokens, logprobs=logprobs,
                                             ignore_eos=ignore_eos, session=own)
-        return list(await asyncio.gather(*(self._one(session, p, i, max_tokens, logprobs, ignore_eos)
-                                           for i, p in enumerate(prompts))))
+        return list(await asyncio.gather(*(self._one(session, p, i, max_tokens, logprobs,
+                                                     ignore_eos) for i, p in enumerate(prompts))))
 
     def generate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                  ignore_eos: bool = False) -> list[RequestRecord]:
@@ -298,12 +296,6 @@ class ServerRunner:
         if self._owns:
             self.server.close()
 
-    def __enter__(self) -> "ServerRunner":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 # -- multi-step driver ------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -321,7 +313,10 @@ NextStep = Callable[[str, list[dict]], Union[StepRequest, None]]
 
 
 def episodes_next_step(episodes: Sequence[Any], system_repeat: int = 6) -> NextStep:
-    """A ``next_step`` for ``statescope.workload`` episodes (prompt = ``workload.step_prompt``)."""
+    """A ``next_step`` for ``statescope.workload`` episodes (prompt = ``workload.step_prompt``).
+
+    It rewrites each episode's ``answers`` from the stored history, so a resumed run rebuilds
+    exactly the prompts the interrupted one would have sent."""
     from statescope.workload import step_prompt
 
     by_id = {e.episode_id: e for e in episodes}
@@ -339,15 +334,13 @@ def episodes_next_step(episodes: Sequence[Any], system_repeat: int = 6) -> NextS
 def _stored_history(store: ResultsStore, build: str, config_hash: str,
                     episodes: Sequence[str]) -> dict[str, list[dict]]:
     history: dict[str, list[dict]] = {e: [] for e in episodes}
-    if not store.completed_keys():
-        return history
-    rows = load_records(store.run_dir).to_dict("records")
+    rows = load_records(store.run_dir).to_dict("records") if store.completed_keys() else []
     for row in rows:
         if row["build"] == build and row["config_hash"] == config_hash and row["episode"] in history:
             history[row["episode"]].append(row)
-    for ep, rows_ in history.items():
-        rows_.sort(key=lambda r: int(r["step"]))
-        steps = [int(r["step"]) for r in rows_]
+    for ep, ep_rows in history.items():
+        ep_rows.sort(key=lambda r: int(r["step"]))
+        steps = [int(r["step"]) for r in ep_rows]
         if steps != list(range(len(steps))):
             raise InputError(f"{store.records_path}: episode {ep!r} has stored steps {steps}; "
                              "expected consecutive steps from 0 (was it written by run_waves?)")

@@ -239,6 +239,7 @@ class VllmServer:
         self.url = f"http://{host}:{self.port}"
         self.served_model = str(config.model)
         self.request_timeout_s, self.grace_s = request_timeout_s, grace_s
+        self._temp_log = log_path is None  # removed by close() once a server had been ready
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="statescope-vllm-server-", suffix=".log")
             os.close(fd)
@@ -367,6 +368,8 @@ class VllmServer:
             self._guard.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        if self._temp_log and self.startup_s is not None:  # a failed start keeps its log
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> "VllmServer":
         return self

