@@ -73,6 +73,8 @@ def main() -> int:
     ap.add_argument("--fused-source", help="another build's mamba_utils.py: probe its fused kernel too")
     ap.add_argument("--fused-source-label", default="0.28.0", help="that build's vLLM version")
     ap.add_argument("--tag", default="racecheck", help="output file stem")
+    ap.add_argument("--skip-batch", action="store_true", help="probe only the fused kernels")
+    ap.add_argument("--fused-rows", help="comma-separated row sizes in bytes (replaces the geometry lists)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +100,7 @@ def main() -> int:
         doc = {"environment": env, "copies": args.copies, "fused_reqs": args.fused_reqs,
                "fused_source": args.fused_source and {"path": args.fused_source, "vllm": args.fused_source_label,
                                                       "sha256": source_sha},
-               "classes": [c.__dict__ for c in classes], "errors": errors,
+               "classes": [] if args.skip_batch else [c.__dict__ for c in classes], "errors": errors,
                "seconds": time.perf_counter() - t_start,
                "rows": [] if frame is None else frame.to_dict(orient="records"),
                "probes": [r.to_dict() for r in results]}
@@ -106,7 +108,7 @@ def main() -> int:
         if frame is not None:
             frame.to_csv(out / f"{args.tag}.csv", index=False)
 
-    for patched in (False, True):
+    for patched in () if args.skip_batch else (False, True):
         (install_overlap_safe_copy if patched else uninstall_overlap_safe_copy)(mamba_utils)
         for c in classes:
             try:
@@ -120,6 +122,9 @@ def main() -> int:
     uninstall_overlap_safe_copy(mamba_utils)
 
     geometries = FUSED_GEOMETRIES + (FUSED_GEOMETRIES_MORE if args.more_fused else [])
+    if args.fused_rows:
+        known = {row: name for name, row, _ in FUSED_GEOMETRIES + FUSED_GEOMETRIES_MORE}
+        geometries = [(known.get(int(r), f"fused row{int(r)}"), int(r), 5) for r in args.fused_rows.split(",")]
     builds = [(None, "postprocess_mamba_fused_kernel", rc.FUSED_CONV_TILE_BYTES["0.26.0"])]
     if args.fused_source:
         label = args.fused_source_label

@@ -18,6 +18,8 @@
 # (git-ignored, never committed): 10x the copies, the fused kernel for every Qwen3.5-27B TP degree,
 # and 0.28.0's fused kernel compiled from that file by the device's Triton 3.6 (0.28.0 itself pins
 # torch 2.13, which the device lacks, so it cannot be installed there).
+# Round 3 (again a fresh machine, calls 1 and 2, then the same carry):  bash scripts/gpu_run.sh round3
+# only the fused kernels (0.26.0 installed, 0.28.0 from source), 10^6 in-place shifts per row size.
 set -uo pipefail
 out=${OUT:?run this on the device machine, where OUT is set}
 bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 3; }
@@ -31,6 +33,15 @@ if [ "${1:-}" = round2 ]; then
     --fused-reqs 100000 --more-fused --fused-source .gpu_src/mamba_utils_0.28.0.py --fused-source-label 0.28.0
   job_rc=$?
   echo "gpu_racecheck.py round2 exit $job_rc" | tee "$out/exit_codes.txt"
+  exit $job_rc
+fi
+
+if [ "${1:-}" = round3 ]; then
+  python3 scripts/gpu_racecheck.py --out "$out" --tag racecheck_round3 --skip-batch --fused-reqs 1000000 \
+    --fused-rows 8,16,32,64,128,256,512,576,768,1000,1024,1536,2048,3072,4096,5120,6144,7168,8000,10240,20480 \
+    --fused-source .gpu_src/mamba_utils_0.28.0.py --fused-source-label 0.28.0
+  job_rc=$?
+  echo "gpu_racecheck.py round3 exit $job_rc" | tee "$out/exit_codes.txt"
   exit $job_rc
 fi
 

@@ -200,7 +200,7 @@ def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> di
                 d, a = _acceptance(span, ids, l1, l2)
                 drafted, accepted = drafted + d, accepted + a
                 prompts.append((ids[:span[0]], [ids[p] for p in span]))
-    sens = sensitivity(base, prompts, eos, sens_trials)
+    sens = sensitivity(base, prompts, eos, sens_trials, tok.token_to_id("="))
     return {"eval_episodes": n_episodes, "eval_steps": steps, "validity": valid / steps,
             "correctness": correct / steps,
             "correct_by_kind": {k: f"{c}/{n}" for k, (c, n) in sorted(by_kind.items())},
@@ -209,17 +209,23 @@ def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> di
             "mtp_k2_acceptance_pytorch": accepted / drafted, "mtp_drafted": drafted, **sens}
 
 
-def sensitivity(base, prompts, eos: int, trials: int) -> dict:
-    """Corrupt one GDN layer's conv window or recurrent state after the 2nd answer token; count how
-    often the rest of the greedy answer changes. Modes: zero, or swap in another request's state."""
+def _id_index(answer: list[int], eq: int) -> int | None:
+    """Number of answer tokens before the ``=`` of ``id=`` (None if no id): the state is corrupted
+    after ``id``; ``=`` still comes from the clean logits, the id and the rest from corrupted state."""
+    return answer.index(eq) if eq in answer[:4] else None
+
+
+def sensitivity(base, prompts, eos: int, trials: int, eq: int) -> dict:
+    """Corrupt one GDN layer's conv window or recurrent state mid-answer, right after ``id`` (the
+    answer tokens up to it are already emitted); count how often the rest of the greedy answer
+    changes. Modes: zero, or swap in another request's state at the same answer token."""
     gdn = [i for i, t in enumerate(base.config.layer_types) if t == "linear_attention"]
     rng = random.Random(1234)
-    cands = [p for p in prompts if len(p[1]) >= 5]
+    cands = [(p, g, _id_index(g, eq)) for p, g in prompts if _id_index(g, eq) is not None]
     res: dict[str, list[int]] = {}
     for trial in range(trials):
-        (prompt, gold), (other, ogold) = rng.sample(cands, 2)
+        (prompt, gold, k), (other, ogold, ok) = rng.sample(cands, 2)
         layer, part, mode = rng.choice(gdn), ("conv", "recurrent")[trial % 2], ("zero", "swap")[trial // 2 % 2]
-        k = 2  # answer tokens already emitted when the state is corrupted
         runs = []
         for corrupt in (False, True):
             out = base(input_ids=torch.tensor([prompt + gold[:k]]), use_cache=True)
@@ -230,7 +236,7 @@ def sensitivity(base, prompts, eos: int, trials: int) -> dict:
                 if mode == "zero":
                     states[0].zero_()
                 else:
-                    o = base(input_ids=torch.tensor([other + ogold[:k]]), use_cache=True).past_key_values
+                    o = base(input_ids=torch.tensor([other + ogold[:ok]]), use_cache=True).past_key_values
                     src = o.layers[layer]
                     states[0].copy_((src.conv_states if part == "conv" else src.recurrent_states)[0])
             logits, toks = out.logits[0, -1], []
@@ -252,8 +258,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("data/models/tiny-gui"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--base-steps", type=int, default=520)
-    ap.add_argument("--mtp-steps", type=int, default=160)
+    ap.add_argument("--base-steps", type=int, default=480)
+    ap.add_argument("--mtp-steps", type=int, default=120)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--threads", type=int, default=1)

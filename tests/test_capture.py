@@ -25,9 +25,19 @@ from statescope.capture_store import (CaptureRun, CaptureWriter, estimate_captur
 from statescope.errors import EnvironmentBroken, InputError
 
 MiB = 2**20
-# 12 distinct prompts of 372..383 tokens (byte tokenizer + BOS): decoding with MTP(2) crosses the
-# 384-token block boundary at different offsets, so some requests shift their conv window in place.
-PROMPTS = [f"{i:02d}" + "abcdefghij"[i % 10] * (369 + i) for i in range(12)]
+
+
+def prompts_near_boundary(block_size: int, n: int = 12) -> list[str]:
+    """Distinct prompts ending 13..2 tokens before a block boundary (1 char = 1 token): decoding
+    with MTP(2) crosses it at different offsets, so some requests shift their conv window in
+    place and others copy between blocks."""
+    return [f"{i:02d}" + "abcdefghij"[i % 10] * (block_size - 15 + i) for i in range(n)]
+
+
+
+
+def prompts_for(engine, n: int = 12) -> list[str]:
+    return prompts_near_boundary(engine.resolved()["mamba_block_size"], n)
 
 
 # ---- spec -------------------------------------------------------------------------------------
@@ -173,7 +183,8 @@ def trigger(engine_pool, monkeypatch):
     cpu_kernels.set_copy_semantics("memmove")
 
 
-def _capture(engine, tmp_path, name, prompts=PROMPTS, max_tokens=24, **spec):
+def _capture(engine, tmp_path, name, prompts=None, max_tokens=24, **spec):
+    prompts = prompts_for(engine) if prompts is None else prompts
     engine.reset_prefix_cache()
     capture.install({"output_dir": str(tmp_path), "run_id": name, **spec})
     records = engine.generate(prompts, max_tokens=max_tokens, ignore_eos=True)
@@ -201,22 +212,26 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path):
 
 @pytest.mark.engine
 def test_prefill_snapshots_have_the_model_geometry_and_match_digests(trigger, tmp_path):
-    run, _ = _capture(trigger, tmp_path, "full", prompts=PROMPTS[:3], max_tokens=4,
+    run, _ = _capture(trigger, tmp_path, "full", prompts=prompts_for(trigger, 3), max_tokens=4,
                       mode="full", full={"first_steps": 1})
     snaps = run.snapshots()
     assert len(snaps) == 3 * 2 and set(snaps["req_step"]) == {0}
     m = run.manifest
     assert m["mode"] == "full" and m["vllm_version"] == "0.28.0"
     assert m["perturbation"]["forced_sync"] is False and m["perturbation"]["forced_eager"] is False
-    assert m["resolved"]["async_scheduling"] is False and m["conv_window"] == 3
+    assert m["resolved"]["async_scheduling"] is False
+    with open(os.path.join(trigger.config.model, "config.json")) as fh:
+        geo = gdn_geometry(json.load(fh), num_speculative_tokens=2)  # the model's own arithmetic
+    kernel_rows = geo["conv_shape"][0] - 2
+    assert m["conv_window"] == kernel_rows
     digests = run.digests()
     for _, row in snaps.iterrows():
         t = run.snapshot(row.req_id, 0, row.kind)
-        want = (3, 5, 512) if row.kind == "conv" else (3, 2, 128, 128)
-        assert tuple(t.shape) == want and torch.isfinite(t.float()).all()
+        per_layer = geo["conv_shape"] if row.kind == "conv" else geo["ssm_shape"]
+        assert list(t.shape) == [geo["gdn_layers"], *per_layer] and torch.isfinite(t.float()).all()
         assert t.float().abs().sum() > 0
-        if row.kind == "conv":  # prefill writes the first kernel-1 = 3 rows of the window
-            assert (t[:, :3].float().abs().sum(-1) > 0).all()
+        if row.kind == "conv":  # prefill writes the first kernel-1 rows of the window
+            assert (t[:, :kernel_rows].float().abs().sum(-1) > 0).all()
         d = digests[(digests.req_id == row.req_id) & (digests.req_step == 0)
                     & (digests.kind == row.kind)].sort_values("layer_index")
         for li, (layer, check) in enumerate(zip(d["layer"], d["checksum"])):
@@ -246,7 +261,7 @@ def test_barrierless_copies_change_exactly_the_requests_that_shift_in_place(trig
     div = first_divergence(ref, bad)
     diverged = {r.prompt_sha: r for r in div.itertuples() if r.first_step is not None
                 and r.first_step == r.first_step}  # not NaN
-    assert 0 < len(first_shift) < len(PROMPTS)  # some requests shift in place, others do not
+    assert 0 < len(first_shift) < len(bad.steps()["prompt_sha"].unique())  # some requests shift in place, others do not
     assert set(diverged) == set(first_shift)  # exactly the affected requests change ...
     for sha, row in diverged.items():
         assert int(row.first_step) == first_shift[sha]  # ... from the step of their shift ...
@@ -290,7 +305,7 @@ def test_plugin_env_var_captures_the_scalar_precopy_path(engine_pool, tmp_path, 
     try:
         engine = engine_pool.get(config)  # a new engine: its plugin call reads the env var
         assert capture.active() is not None
-        engine.generate(PROMPTS[:4], max_tokens=16, ignore_eos=True)
+        engine.generate(prompts_for(engine, 4), max_tokens=16, ignore_eos=True)
         dirs = capture.uninstall()
     finally:
         capture.uninstall()
@@ -317,7 +332,7 @@ def test_capture_inside_the_openai_api_server(engine_pool, tmp_path):
     spec = CaptureSpec.from_dict({"output_dir": str(tmp_path / "caps"), "flush_interval_s": 0.5,
                                   "run_id": "server"}).write(tmp_path / "spec.json")
     with VllmServer(TRIGGER, env={ENV_CAPTURE: str(spec), "OMP_NUM_THREADS": "1"}) as server:
-        for prompt in PROMPTS[:3]:
+        for prompt in prompts_near_boundary(384, 3):
             r = httpx.post(server.url + "/v1/completions", timeout=120, json={
                 "model": server.served_model, "prompt": prompt, "max_tokens": 12,
                 "temperature": 0, "ignore_eos": True})

@@ -147,6 +147,8 @@ def test_cuda_digest_census_and_transfers_never_synchronize():
     d = Digester(3, 0)
     d.digest([ssm], torch.tensor([[1]], device="cuda"))  # one-time weight upload, outside the check
     d.digest([conv], torch.tensor([[1]], device="cuda"))
+    inputs = [torch.tensor(v, device="cuda") for v in  # the runner's device buffers, made here
+              ([3, 1], [0, 1], [3, 3], [5, 13], [2, 2])]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any host<->device synchronization raises
     try:
@@ -156,8 +158,7 @@ def test_cuda_digest_census_and_transfers_never_synchronize():
         conv_stats, conv_checks = d.reduce(chunks)
         rows = d.token_rows(chunks, conv.shape[1:], 0)
         snap = gather_snapshot([ssm], ids[0, :1])
-        dec = postprocess_decisions(*(torch.tensor(v, device="cuda") for v in
-                                      ([3, 1], [0, 1], [3, 3], [5, 13], [2, 2])), 8)
+        dec = postprocess_decisions(*inputs, 8)
         host = [to_host_async(t) for t in (stats, checks, conv_checks, rows[0], snap, dec)]
         fence = Fence("cuda")
     finally:

@@ -6,7 +6,7 @@ import pytest
 
 from statescope import guilang as g
 
-LINE = re.compile(r'\[(\d+)\] (textbox|button|text) "([^"]*)"(?: value="([^"]*)")?')
+LINE = re.compile(r'(textbox|button|text) "([^"]*)"(?: value="([^"]*)")?( focused)? id=(\d+) @')
 
 
 def solve(goal: str, observation: str) -> str:
@@ -18,7 +18,14 @@ def solve(goal: str, observation: str) -> str:
         return "key(esc)"
     if lines[0].endswith("submitted"):
         return "done()"
-    widgets = [LINE.match(line).groups() for line in lines[1:] if line.startswith("[")]
+    widgets = []
+    for line in lines[1:]:
+        m = LINE.match(line)
+        if m:
+            role, label, value, focused, wid = m.groups()
+            widgets.append((wid, role, label, value))
+            assert bool(focused) == (role == "textbox" and value == "" and
+                                     not any(r == "textbox" and v == "" for _, r, _, v in widgets[:-1]))
     for wid, role, label, value in widgets:
         if role == "textbox" and value == "":
             return f'type(id={wid}, text="{values[label]}")'
@@ -91,7 +98,7 @@ def test_screenshot_specs():
         for shot in step.screenshots:
             assert shot["width"] > 0 and shot["height"] > 0
             for w in shot["widgets"]:
-                assert f"[{w['id']}]" in step.observation
+                assert f"id={w['id']} " in step.observation
     assert any(len(s.screenshots) > 1 for s in ep.steps)
 
 

@@ -132,6 +132,23 @@ def test_cli_fails_cleanly_without_cuda() -> None:
         args.func(parser.parse_args(["racecheck", "--preset", "nope"]))
 
 
+# --- kernels from another build's source ------------------------------------------------------
+
+def test_load_kernel_source_compiles_only_the_triton_kernels(tmp_path: Path) -> None:
+    import importlib.util
+
+    vllm_dir = Path(importlib.util.find_spec("vllm").origin).parent  # locates, does not import vLLM
+    mod = racecheck.load_kernel_source(str(vllm_dir / "v1" / "worker" / "mamba_utils.py"))
+    assert {"postprocess_mamba_fused_kernel", "batch_memcpy_kernel"} <= set(vars(mod))
+    assert not hasattr(mod, "batch_memcpy")  # plain Python of vLLM is left out
+    assert hasattr(mod.postprocess_mamba_fused_kernel, "run")  # a Triton JITFunction
+    with pytest.raises(InputError, match="expected a vLLM mamba_utils.py"):
+        racecheck.load_kernel_source(str(tmp_path / "missing.py"))
+    (tmp_path / "plain.py").write_text("X = 1\ndef f():\n    return X\n")
+    with pytest.raises(InputError, match="postprocess_mamba_fused_kernel"):
+        racecheck.load_kernel_source(str(tmp_path / "plain.py"))
+
+
 # --- the overlap-safe wrapper -----------------------------------------------------------------
 
 COPIES = [(64, 0, 300),      # left shift by 64 inside one range (the H-copy pattern)
@@ -208,32 +225,52 @@ def test_probe_counts_corruption_and_patch_removes_it() -> None:
 
 # --- the committed H200 results ---------------------------------------------------------------
 
-def _committed() -> dict:
-    path = RESULTS / "racecheck.json"
+RESULT_FILES = ["racecheck", "racecheck_round2", "racecheck_round3"]
+
+
+def _committed(stem: str = "racecheck") -> dict:
+    path = RESULTS / f"{stem}.json"
     assert path.is_file(), f"{path} missing: the GPU run's results must be committed"
     return json.loads(path.read_text())
 
 
-def test_committed_gpu_results_parse() -> None:
-    doc = _committed()
+@pytest.mark.parametrize("stem", RESULT_FILES)
+def test_committed_gpu_results_parse(stem: str) -> None:
+    import pandas as pd
+
+    doc = _committed(stem)
     env = doc["environment"]
     assert env["vllm"] == "0.26.0" and "H200" in env["gpu"] and env["torch"].startswith("2.11")
-    assert doc["errors"] == []
+    assert doc["errors"] == [] and doc["rows"]
     for row in doc["rows"]:
         assert set(racecheck.TABLE_COLUMNS) <= set(row)
         assert 0 <= row["corrupted"] <= row["n"] and row["ci_lo"] <= row["rate"] <= row["ci_hi"]
-    import pandas as pd
-    csv = pd.read_csv(RESULTS / "racecheck.csv")
+        assert row["rate"] == pytest.approx(row["corrupted"] / row["n"])
+    csv = pd.read_csv(RESULTS / f"{stem}.csv")
     assert list(csv.columns) == racecheck.TABLE_COLUMNS and len(csv) == len(doc["rows"])
+    assert csv["corrupted"].tolist() == [r["corrupted"] for r in doc["rows"]]
 
 
-def test_committed_results_show_race_unpatched_and_none_patched() -> None:
-    rows = [r for r in _committed()["rows"] if r["kernel"] == "batch_memcpy"]
+@pytest.mark.parametrize("stem", ["racecheck", "racecheck_round2"])
+def test_committed_results_show_race_unpatched_and_none_patched(stem: str) -> None:
+    rows = [r for r in _committed(stem)["rows"] if r["kernel"] == "batch_memcpy"]
     unpatched = {r["shift_class"]: r for r in rows if not r["patched"]}
     patched = {r["shift_class"]: r for r in rows if r["patched"]}
     racy = [name for name, r in unpatched.items() if r["corrupted"] > 0]
     assert racy, "no shift class raced unpatched"
     assert all(name in patched and patched[name]["corrupted"] == 0 for name in racy)
     assert all(r["corrupted"] == 0 for r in patched.values())
-    # Only shifts below the kernel's 1 KiB tile may race
+    # batch_memcpy raced only for shifts below its 1 KiB tile
     assert all(unpatched[name]["below_tile"] for name in racy)
+
+
+def test_committed_results_back_the_model_verdict() -> None:
+    """docs/gpu.md's claim: no tiny-model or Qwen3.5-27B shift was corrupted by any probed kernel."""
+    rows = [r for stem in RESULT_FILES for r in _committed(stem)["rows"]
+            if "tiny" in r["shift_class"] or "qwen35-27b" in r["shift_class"]]
+    kernels = {r["kernel"] for r in rows}
+    assert {"batch_memcpy", "postprocess_mamba_fused_kernel", "postprocess_mamba_fused_kernel@0.28.0"} <= kernels
+    assert sum(r["n"] for r in rows) > 10_000_000
+    assert [r for r in rows if r["corrupted"]] == []
+    round3 = _committed("racecheck_round3")
+    assert round3["fused_source"]["vllm"] == "0.28.0" and len(round3["fused_source"]["sha256"]) == 64

@@ -10,11 +10,8 @@ spec asks for, starts the device->host copies and records a ``Fence``. Nothing i
 a device value on the host.
 
 Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
-done become rows of the ``steps``, ``digests``, ``copies`` (decoded by
-``statescope.census_decode`` and classified per launch by ``statescope.census``) and
-``snapshots`` tables, written through ``statescope.capture_store.CaptureWriter``. On CPU the
-census decoded from launch inputs is cross-checked against the copies ``statescope.cpu_kernels``
-reports doing (``observed`` column; counts in the manifest).
+done are turned into table rows by ``statescope.capture_emit`` (the ``RunEmitter`` base class)
+and written through ``statescope.capture_store.CaptureWriter``.
 
 What it deliberately does not do: install hooks or own threads (``statescope.capture``).
 """
@@ -29,12 +26,12 @@ from typing import Any
 
 import torch
 
-from statescope import census, census_decode as cd
+from statescope import census_decode as cd
 from statescope.capture_adapters import mamba_groups
+from statescope.capture_emit import KINDS, RunEmitter
 from statescope.capture_store import CaptureWriter
 from statescope.digest import Digester, Fence, gather_snapshot, host_to_device, to_host_async
 
-KINDS = ("conv", "ssm")
 MAX_DEFERRED = 64  # CPU: steps whose digests may wait for the flusher before the step reduces itself
 
 
@@ -67,7 +64,7 @@ def _running_col(runner: Any, req_id: str, blocks: list, facts: dict, bs: int) -
     return min(len(blocks) - 1, max(0, -(-end // bs) - 1))
 
 
-class RunCapture:
+class RunCapture(RunEmitter):
     def __init__(self, spec: Any, runner: Any, run_dir: Any, manifest: dict) -> None:
         self.spec = spec
         self.runner_ref = weakref.ref(runner)
@@ -273,103 +270,6 @@ class RunCapture:
         self.writer.write()
         self.steps_since_write = 0
         self.last_write = time.monotonic()
-
-    def _emit(self, item: dict) -> None:
-        if "gathered" in item:
-            self._reduce_into(item, item.pop("gathered"))
-        metas, es = item["metas"], item["engine_step"]
-        acc = item.get("accepted")
-        resets = self._window_resets(item)
-        for r, meta in enumerate(metas):
-            meta.setdefault("snapshot", False)
-            meta["accepted"] = int(acc[r]) if acc is not None else None
-            # first live row of the running block's conv window for the next read
-            reset = resets.get(meta["req_id"], False)
-            meta["conv_live_offset"] = 0 if reset or acc is None else max(0, int(acc[r]) - 1)
-        self.writer.add_rows("steps", metas)
-        if metas:
-            self._emit_digests(item, metas, es)
-        for r, kind, t in item.get("snaps", []):
-            sha, shard = self.writer.add_tensor(t)
-            layers = [g.layer for g in self.geoms if g.kind == kind]
-            self.writer.add_rows("snapshots", [dict(
-                engine_step=es, req_id=metas[r]["req_id"], req_step=metas[r]["req_step"],
-                prompt_sha=metas[r]["prompt_sha"], kind=kind, layers=layers, sha256=sha,
-                shard=shard, shape=list(t.shape), dtype=str(t.dtype).replace("torch.", ""),
-                nbytes=t.numel() * t.element_size())])
-        if self.spec.census:
-            for launch in item["launches"]:
-                self.writer.add_rows("copies", self._census_rows(launch, item, es))
-
-    def _window_resets(self, item: dict) -> dict:
-        """req_id -> whether the post-process reset its accepted count to 1 (state moved to
-        the start of the running block), from the launch's decisions."""
-        out = {}
-        for launch in item["launches"]:
-            if launch.kind == "postprocess":
-                for row, d in enumerate(launch.data.numpy().tolist()):
-                    if row < len(item["batch"]):
-                        out[item["batch"][row]] = bool(d[4])
-        return out
-
-    def _emit_digests(self, item: dict, metas: list, es: int) -> None:
-        stats, sums = item["stats"].numpy(), item["checksum"].numpy()
-        row_checks, row_sums = (t.numpy() for t in item["conv_rows"])
-        names = self.digester.names
-        layer_names = [n for n, _ in self.layers]
-        rows = []
-        for k, kind in enumerate(KINDS):
-            for li, layer in enumerate(layer_names):
-                g = self.layers[li][1]
-                for r, meta in enumerate(metas):
-                    row = {"engine_step": es, "req_id": meta["req_id"], "req_step": meta["req_step"],
-                           "prompt_sha": meta["prompt_sha"], "layer": layer, "layer_index": li,
-                           "kind": kind, "block_id": meta["running_blocks"][self.groups.index(g)],
-                           "checksum": int(sums[k, li, r]),
-                           "row_checksums": row_checks[li, r].tolist() if k == 0 else None,
-                           "row_sums": row_sums[li, r].tolist() if k == 0 else None}
-                    row.update(zip(names, (float(v) for v in stats[k, li, r])))
-                    rows.append(row)
-        self.writer.add_rows("digests", rows)
-
-    def _census_rows(self, launch: _Launch, item: dict, es: int) -> list[dict]:
-        batch, block_ids = item["batch"], item["block_ids"]
-        if launch.kind == "scalar":
-            src, dst, sizes = launch.data
-            owners = [dict(launch.owners.get(i, {})) for i in range(len(sizes))]
-            for o in owners:
-                o["batch_row"] = batch.index(o["req_id"]) if o.get("req_id") in batch else -1
-            rows = cd.decode_scalar(self.geoms, src, dst, sizes, owners)
-        elif launch.kind == "precopy":
-            dst_cols, src_cols, biases = launch.data.numpy().T.tolist()
-            rows = cd.decode_fused_precopy(self.geoms, dst_cols, src_cols, biases, batch, block_ids)
-        else:
-            rows = cd.decode_fused_postprocess(self.geoms, launch.data.numpy().tolist(), batch,
-                                               block_ids)
-        kinds = census.classify_launch(rows)
-        seen = {(e.state_base_addr + e.src_offset, e.state_base_addr + e.dst_offset, e.nbytes)
-                for e in launch.observed}
-        observing = launch.kind != "scalar" and self._observing()
-        for row, kind in zip(rows, kinds):
-            key = (row["src_addr"], row["dst_addr"], row["nbytes"])
-            row.update(engine_step=es, launch=launch.seq, launch_kind=launch.kind, kind=kind,
-                       observed=(key in seen) if observing else None)
-        if observing:
-            decoded = {(r["src_addr"], r["dst_addr"], r["nbytes"]) for r in rows}
-            self.crosscheck["decoded"] += len(decoded)
-            self.crosscheck["observed"] += len(seen)
-            self.crosscheck["decoded_not_observed"] += len(decoded - seen)
-            self.crosscheck["observed_not_decoded"] += len(seen - decoded)
-        return rows
-
-    def _observing(self) -> bool:
-        """Whether statescope's CPU kernels (which report their copies) are in use."""
-        try:
-            from statescope import cpu_kernels
-
-            return cpu_kernels.is_installed()
-        except ImportError:
-            return False
 
     def close(self, status: str = "complete") -> None:
         with self.drain_lock:

@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_reproduce)
+    from statescope.racecheck import add_racecheck_subcommand
+
+    add_racecheck_subcommand(sub)
     return p
 
 

@@ -9,6 +9,7 @@ goal:
 1. a dialog is open                         -> ``key(esc)``
 2. the window says the form was submitted   -> ``done()``
 3. a visible textbox is empty               -> ``type(id=<first empty>, text="<goal value>")``
+   (the first empty textbox is the one rendered ``focused``)
 4. the goal's submit button is visible      -> ``click(id=<that button>)``
 5. the page continues below the viewport    -> ``scroll(down)``
 6. otherwise                                -> ``click(id=<"Next" button>)``
@@ -59,10 +60,11 @@ class Widget:
     y: int
     value: str | None = None
 
-    def line(self) -> str:
-        if self.role == "textbox":
-            return f'[{self.wid}] textbox "{self.label}" value="{self.value}" @({self.x},{self.y})'
-        return f'[{self.wid}] {self.role} "{self.label}" @({self.x},{self.y})'
+    def line(self, focused: bool = False) -> str:
+        # The id follows the content it names, so a causal reader knows what the id is for.
+        value = f' value="{self.value}"' if self.role == "textbox" else ""
+        focus = " focused" if focused else ""
+        return f'{self.role} "{self.label}"{value}{focus} id={self.wid} @({self.x},{self.y})'
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,9 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
 
     def emit(title: str, widgets: list[Widget], more: bool, action: str, kind: str,
              dialog_widget: Widget | None = None) -> None:
-        lines = [f"Screen: {title}"] + [w.line() for w in widgets]
+        # like a real app, the first empty textbox has the keyboard focus
+        first_empty = next((w.wid for w in widgets if w.role == "textbox" and w.value == ""), None)
+        lines = [f"Screen: {title}"] + [w.line(w.wid == first_empty) for w in widgets]
         if more:
             lines.append("(more below)")
         if dialog_widget is not None:

@@ -11,6 +11,8 @@ What it does:
   (src = dst + shift, random bytes) and counts copies that differ from a memmove of a snapshot.
 - ``probe_fused_postprocess`` drives ``postprocess_mamba_fused_kernel`` with decision inputs that
   make every request shift its conv window inside its own block (src == dest, bias > 0).
+- ``load_kernel_source`` compiles just the Triton kernels of another build's ``mamba_utils.py`` (how
+  0.28.0's fused kernel was probed on a machine where only 0.26.0 installs).
 - ``racecheck_table`` / ``results_frame`` tabulate counts with Clopper-Pearson intervals;
   ``add_racecheck_subcommand`` / ``racecheck_command`` are the ``statescope racecheck`` CLI.
 
@@ -230,12 +232,52 @@ def probe_batch_memcpy(shift_bytes: int, copy_bytes: int, n_copies: int, device:
                        patched=is_installed(mamba_utils), seconds=time.perf_counter() - t0)
 
 
+def _fused_launch(kernel: Any, k: int, row_bytes: int, dtype_bytes: int, state_len: int, bias: int,
+                  block_size: int, device: Any, gen: Any) -> int:
+    """One launch of ``k`` requests, each shifting its own block in place; returns corrupted blocks."""
+    import torch
+
+    i32 = dict(dtype=torch.int32, device=device)
+    i64 = dict(dtype=torch.int64, device=device)
+    block = state_len * row_bytes
+    state = torch.randint(0, 256, ((k + 1) * block,), dtype=torch.uint8, device=device, generator=gen)
+    snap = state.clone()
+    table = torch.zeros((k, 4), **i32)
+    table[:, 0] = torch.arange(1, k + 1, **i32)  # request i owns block i+1 (block 0 is null)
+    # Decision inputs that give aligned == block_size, dest column 0 == running column 0, bias b:
+    # running = computed + scheduled - drafts = block_size - b; new = running + accepted - 1.
+    drafts = bias  # every draft accepted plus the bonus token: accepted = bias + 1
+    full = lambda v: torch.full((k,), v, **i32)  # noqa: E731
+    accepted, state_idx = full(bias + 1), full(0)
+    scheduled, drafted, computed = full(1 + drafts), full(drafts), full(block_size - bias - 1)
+    accepted_out = accepted.clone()
+    kernel[(k, 1)](
+        accepted, state_idx, scheduled, computed, drafted,
+        torch.tensor([table.data_ptr()], **i64), table.stride(0),
+        torch.tensor([state.data_ptr()], **i64), torch.tensor([block], **i64),
+        torch.tensor([dtype_bytes], **i32), torch.tensor([row_bytes // dtype_bytes], **i64),
+        torch.tensor([state_len], **i32), torch.tensor([0], **i32),
+        torch.tensor([0], **i32), torch.tensor([0], **i64),
+        accepted_out, None, k, block_size=block_size, COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=False)
+    _sync(device)
+    if not bool((accepted_out == 1).all()):
+        raise EnvironmentBroken("fused probe: the kernel did not take the src == dest path "
+                                "(its decision logic differs from the one this probe was written for)")
+    if not bool((state[:block] == snap[:block]).all()):
+        raise EnvironmentBroken("fused probe: the null block was written")
+    return _count_bad(state[block:], snap[block:], k, block, bias * row_bytes, (state_len - bias) * row_bytes)
+
+
 def probe_fused_postprocess(row_bytes: int, dtype_bytes: int, state_len: int, bias: int, n_reqs: int,
                             device: Any = "cuda", *, name: str = "", seed: int = 0,
                             block_size: int = 16, tile_bytes: int = FUSED_CONV_TILE_BYTES["0.26.0"],
-                            module: Any | None = None, kernel_name: str = "postprocess_mamba_fused_kernel"
-                            ) -> ProbeResult:
-    """In-place conv shifts (src == dest block, bias > 0) through ``postprocess_mamba_fused_kernel``."""
+                            module: Any | None = None, kernel_name: str = "postprocess_mamba_fused_kernel",
+                            max_chunk_bytes: int = 2 << 30) -> ProbeResult:
+    """In-place conv shifts (src == dest block, bias > 0) through ``postprocess_mamba_fused_kernel``.
+
+    Only the conv state is described to the kernel (one state, SD layout), so each request's program
+    copies ``state[b, bias:] -> state[b, :state_len - bias]`` inside its own block ``b``.
+    """
     import time
 
     import torch
@@ -247,40 +289,14 @@ def probe_fused_postprocess(row_bytes: int, dtype_bytes: int, state_len: int, bi
         raise InputError(f"fused probe: expected bias < state_len={state_len} and row_bytes a multiple "
                          f"of dtype_bytes, got bias={bias}, row_bytes={row_bytes}")
     kernel = mamba_utils.postprocess_mamba_fused_kernel
-    i32 = dict(dtype=torch.int32, device=device)
-    i64 = dict(dtype=torch.int64, device=device)
-    block = state_len * row_bytes
+    per_launch = max(1, min(n_reqs, max_chunk_bytes // (state_len * row_bytes)))
     gen = torch.Generator(device=device).manual_seed(seed)
-    state = torch.randint(0, 256, ((n_reqs + 1) * block,), dtype=torch.uint8, device=device, generator=gen)
-    snap = state.clone()
-    table = torch.zeros((n_reqs, 4), **i32)
-    table[:, 0] = torch.arange(1, n_reqs + 1, **i32)  # request i owns block i+1 (block 0 is null)
-    # Decision inputs that give aligned == block_size, dest column 0 == running column 0, bias b:
-    # running = computed + scheduled - drafts = block_size - b; new = running + accepted - 1.
-    drafts = bias  # every draft accepted plus the bonus token: accepted = bias + 1
-    full = lambda v: torch.full((n_reqs,), v, **i32)  # noqa: E731
-    accepted, state_idx = full(bias + 1), full(0)
-    scheduled, drafted = full(1 + drafts), full(drafts)
-    computed = full(block_size - bias - 1)
-    accepted_out = accepted.clone()
-    t0 = time.perf_counter()
-    kwargs = dict(block_size=block_size, COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=False)
-    kernel[(n_reqs, 1)](
-        accepted, state_idx, scheduled, computed, drafted,
-        torch.tensor([table.data_ptr()], **i64), table.stride(0),
-        torch.tensor([state.data_ptr()], **i64), torch.tensor([block], **i64),
-        torch.tensor([dtype_bytes], **i32), torch.tensor([row_bytes // dtype_bytes], **i64),
-        torch.tensor([state_len], **i32), torch.tensor([0], **i32),
-        torch.tensor([0], **i32), torch.tensor([0], **i64),
-        accepted_out, None, n_reqs, **kwargs)
-    _sync(device)
-    if not bool((accepted_out == 1).all()):
-        raise EnvironmentBroken("fused probe: the kernel did not take the src == dest path "
-                                "(its decision logic differs from the one this probe was written for)")
+    bad, done, t0 = 0, 0, time.perf_counter()
+    while done < n_reqs:
+        k = min(per_launch, n_reqs - done)
+        bad += _fused_launch(kernel, k, row_bytes, dtype_bytes, state_len, bias, block_size, device, gen)
+        done += k
     shift, copy = bias * row_bytes, (state_len - bias) * row_bytes
-    if not bool((state[:block] == snap[:block]).all()):
-        raise EnvironmentBroken("fused probe: the null block was written")
-    bad = _count_bad(state[block:], snap[block:], n_reqs, block, shift, copy)
     return ProbeResult(kernel_name, name or f"fused {shift}B", shift, copy, n_reqs, bad,
                        patched=False, tile_bytes=tile_bytes, seconds=time.perf_counter() - t0)
 
