@@ -10,7 +10,7 @@ JSON line per round and a summary per mode: the ratio of its tokens/s to "off" (
 resists other sessions' load on a shared machine, and median) and the ratio of tokens per CPU
 second of the whole process (the flusher thread's work included) — goal: digest within 10%.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 3] [--requests 8]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 5] [--requests 12]
 """
 from __future__ import annotations
 
@@ -26,11 +26,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import statescope  # noqa: E402,F401  (CPU import shims before vLLM)
-
-
-def prompts(n: int, length: int) -> list[str]:
-    """Distinct prompts that cross the 384-token block boundary while decoding."""
-    return [f"{i:03d}:" + "abcdefghij"[i % 10] * (length - 4 - i % 5) for i in range(n)]
 
 
 def one_round(engine, capture, mode: str, out_dir: str, batch: list[str], max_tokens: int) -> dict:
@@ -54,20 +49,21 @@ def one_round(engine, capture, mode: str, out_dir: str, batch: list[str], max_to
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=372)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--max-tokens", type=int, default=96)
     args = ap.parse_args()
 
     import torch
 
     torch.set_num_threads(1)
     from statescope import capture
+    from statescope.capture_session import boundary_prompts
     from statescope.engine import EngineConfig, OfflineEngine
 
     engine = OfflineEngine(EngineConfig())
-    batch = prompts(args.requests, args.prompt_len)
+    # prompts ending just before a block boundary: every align-mode copy path runs
+    batch = boundary_prompts(engine.resolved()["mamba_block_size"], args.requests)
     out_dir = tempfile.mkdtemp(prefix="statescope-bench-capture-")
     one_round(engine, capture, "off", out_dir, batch, args.max_tokens)  # warm-up, not counted
     rounds: dict[str, list[dict]] = {"off": [], "digest": [], "full": []}

@@ -19,25 +19,19 @@ from conftest import TRIGGER
 from statescope import capture, cpu_kernels
 from statescope.capture_adapters import adapter_for, missing_pieces
 from statescope.capture_diff import digest_diff, first_divergence, shifts_by_request
+from statescope.capture_session import boundary_prompts, record
 from statescope.capture_spec import ENV_CAPTURE, CaptureSpec, prompt_sha
-from statescope.capture_store import (CaptureRun, CaptureWriter, estimate_capture_bytes,
-                                      find_runs, gdn_geometry, snapshot_bytes)
+from statescope.capture_store import (QWEN35_27B, CaptureRun, CaptureWriter,
+                                      estimate_capture_bytes, find_runs, gdn_geometry,
+                                      snapshot_bytes)
 from statescope.errors import EnvironmentBroken, InputError
 
 MiB = 2**20
 
 
-def prompts_near_boundary(block_size: int, n: int = 12) -> list[str]:
-    """Distinct prompts ending 13..2 tokens before a block boundary (1 char = 1 token): decoding
-    with MTP(2) crosses it at different offsets, so some requests shift their conv window in
-    place and others copy between blocks."""
-    return [f"{i:02d}" + "abcdefghij"[i % 10] * (block_size - 15 + i) for i in range(n)]
-
-
-
-
 def prompts_for(engine, n: int = 12) -> list[str]:
-    return prompts_near_boundary(engine.resolved()["mamba_block_size"], n)
+    """Prompts ending just before a block boundary of the engine's resolved Mamba block size."""
+    return boundary_prompts(engine.resolved()["mamba_block_size"], n)
 
 
 # ---- spec -------------------------------------------------------------------------------------
@@ -153,6 +147,7 @@ QWEN35_27B_TEXT = {  # Qwen3.5-27B text config (GDN part), as published
 
 
 def test_snapshot_size_of_qwen35_27b():
+    assert QWEN35_27B == QWEN35_27B_TEXT  # the library's preset is the published config
     g = gdn_geometry(QWEN35_27B_TEXT)
     # 48 GDN layers; conv dim 2*16*128 + 48*128 = 10240; window 3 rows of bf16 = 61,440 bytes;
     # recurrent 48 heads * 128 * 128 float32 = 3 MiB -> 48 * (61,440 + 3,145,728) bytes
@@ -185,12 +180,8 @@ def trigger(engine_pool, monkeypatch):
 
 def _capture(engine, tmp_path, name, prompts=None, max_tokens=24, **spec):
     prompts = prompts_for(engine) if prompts is None else prompts
-    engine.reset_prefix_cache()
-    capture.install({"output_dir": str(tmp_path), "run_id": name, **spec})
-    records = engine.generate(prompts, max_tokens=max_tokens, ignore_eos=True)
-    dirs = capture.uninstall()
-    assert len(dirs) == 1
-    return CaptureRun(dirs[0]), records
+    return record(engine, {"output_dir": str(tmp_path), "run_id": name, **spec}, prompts,
+                  max_tokens=max_tokens)
 
 
 @pytest.mark.engine
@@ -332,7 +323,7 @@ def test_capture_inside_the_openai_api_server(engine_pool, tmp_path):
     spec = CaptureSpec.from_dict({"output_dir": str(tmp_path / "caps"), "flush_interval_s": 0.5,
                                   "run_id": "server"}).write(tmp_path / "spec.json")
     with VllmServer(TRIGGER, env={ENV_CAPTURE: str(spec), "OMP_NUM_THREADS": "1"}) as server:
-        for prompt in prompts_near_boundary(384, 3):
+        for prompt in boundary_prompts(384, 3):
             r = httpx.post(server.url + "/v1/completions", timeout=120, json={
                 "model": server.served_model, "prompt": prompt, "max_tokens": 12,
                 "temperature": 0, "ignore_eos": True})

@@ -40,7 +40,8 @@ PERTURBATION = {
                "uploads through pinned memory; no .item()/.tolist()/synchronize",
     "sync_points": ["flush()/close()/process exit: one wait on the last step's event"],
     "host_work_in_step": "Python bookkeeping per selected request; scalar-path pointer arrays "
-                         "(already on the host) copied",
+                         "(already on the host) copied; on CPU the block gather (digest "
+                         "reductions run in the flusher thread)",
 }
 _FUSED_ARGS = {
     "precopy": ("num_reqs", "state_idx_gpu", "src_col_gpu", "token_bias_gpu", "idx_mapping"),

@@ -22,11 +22,13 @@ KINDS = ("conv", "ssm")
 
 class RunEmitter:
     """Mixin: expects ``writer``, ``geoms``, ``layers``, ``groups``, ``digester``, ``spec``,
-    ``crosscheck`` and ``_reduce_into`` from ``RunCapture``."""
+    ``crosscheck``, ``lock``, ``deferred_bytes`` and ``_reduce_into`` from ``RunCapture``."""
 
     def _emit(self, item: dict) -> None:
         if "gathered" in item:
             self._reduce_into(item, item.pop("gathered"))
+            with self.lock:
+                self.deferred_bytes -= item.pop("gathered_bytes")
         metas, es = item["metas"], item["engine_step"]
         acc = item.get("accepted")
         resets = self._window_resets(item)

@@ -7,7 +7,9 @@ copy launch (scalar: the host pointer arrays; fused: the launch's decision input
 device); ``note_sampled`` counts accepted tokens per row on the device; ``end_step`` gathers the
 selected requests' running blocks, digests them (``statescope.digest``), takes the snapshots the
 spec asks for, starts the device->host copies and records a ``Fence``. Nothing in the step reads
-a device value on the host.
+a device value on the host. On a CPU build only the gather (a copy of the blocks) happens in the
+step; its reduction runs in the recorder's flusher thread, off the step's path (up to
+``MAX_DEFERRED_BYTES`` may wait; beyond that the step reduces its own).
 
 Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
 done are turned into table rows by ``statescope.capture_emit`` (the ``RunEmitter`` base class)
@@ -32,7 +34,7 @@ from statescope.capture_emit import KINDS, RunEmitter
 from statescope.capture_store import CaptureWriter
 from statescope.digest import Digester, Fence, gather_snapshot, host_to_device, to_host_async
 
-MAX_DEFERRED = 64  # CPU: steps whose digests may wait for the flusher before the step reduces itself
+MAX_DEFERRED_BYTES = 256 * 2**20  # CPU: gathered bytes that may wait for the flusher thread
 
 
 @dataclass
@@ -102,6 +104,7 @@ class RunCapture(RunEmitter):
         self.steps_since_write = 0
         self.last_write = time.monotonic()
         self.wake: threading.Event | None = None  # set by the recorder: wakes its flusher
+        self.deferred_bytes = 0
 
     # ---- in the step -------------------------------------------------------------------------
 
@@ -202,8 +205,12 @@ class RunCapture(RunEmitter):
             idx = host_to_device(torch.tensor([[c[g] for c in cols] for _, g in self.layers],
                                               dtype=torch.int64), self.device)
             gathered = [self.digester.gather([s[k] for s in states], idx) for k in (0, 1)]
-            if self.device.type == "cpu" and len(self.pending) < MAX_DEFERRED:
+            nbytes = sum(c.numel() * c.element_size() for g in gathered for c in g)
+            if self.device.type == "cpu" and self.deferred_bytes + nbytes <= MAX_DEFERRED_BYTES:
                 out["gathered"] = gathered  # reduced by the flusher thread, off the step's path
+                out["gathered_bytes"] = nbytes
+                with self.lock:
+                    self.deferred_bytes += nbytes
             else:
                 self._reduce_into(out, gathered)
             if step.accepted is not None:

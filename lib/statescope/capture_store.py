@@ -201,6 +201,12 @@ def find_runs(output_dir: str | os.PathLike) -> list[Path]:
 
 # ---- sizing before a run ------------------------------------------------------------------------
 
+# The reported model's GDN geometry (Qwen3.5-27B text config): 48 of 64 layers are GDN.
+QWEN35_27B = {"num_hidden_layers": 64, "full_attention_interval": 4, "linear_num_key_heads": 16,
+              "linear_key_head_dim": 128, "linear_num_value_heads": 48,
+              "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+
+
 def gdn_geometry(hf_config: Mapping[str, Any], tp: int = 1, num_speculative_tokens: int = 0,
                  conv_dtype: str = "bfloat16", ssm_dtype: str = "float32") -> dict:
     """Per-sequence GDN state geometry from a Qwen3-Next/Qwen3.5 style config (text part)."""

@@ -15,6 +15,7 @@ What it deliberately does not do: drive ``vllm serve`` (``statescope.server``), 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -152,6 +153,27 @@ def _margins(position_logprobs: dict | None) -> tuple[float | None, float | None
     return top, (top - ranked[1]) if len(ranked) > 1 else None
 
 
+@contextlib.contextmanager
+def _stdout_with_fileno():
+    """vLLM silences gloo by dup2-ing ``sys.stdout.fileno()``; a Jupyter kernel's stdout may have
+    no file descriptor (``UnsupportedOperation: fileno``). Lend it the process's real stdout."""
+    import io
+    import sys
+
+    try:
+        sys.stdout.fileno()
+        yield
+        return
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        pass
+    saved = sys.stdout
+    sys.stdout = sys.__stdout__ if sys.__stdout__ is not None else open(os.devnull, "w")
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+
+
 class OfflineEngine:
     """A real in-process vLLM engine for one ``EngineConfig``."""
 
@@ -165,7 +187,8 @@ class OfflineEngine:
         register()  # CPU shims + CPU copy kernels, before the engine builds its runner
         self.config = config
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**config.engine_kwargs())
+        with _stdout_with_fileno():
+            self.llm = vllm.LLM(**config.engine_kwargs())
         self.startup_s = time.perf_counter() - t0
         self._count = 0
 
