@@ -140,11 +140,11 @@ def _acceptance(answer_pos: list[int], ids: list[int], l1: torch.Tensor, l2: tor
     """Drafted/accepted counts of a k=2 MTP loop over one answer (teacher-forced = greedy path).
 
     Position c holds the last known token; draft 1 = argmax l1[c-1] (predicts c+1), draft 2 =
-    argmax l2[c-2] (predicts c+2); drafts past the answer's end count as rejected."""
+    argmax l2[c-1] (predicts c+2); drafts past the answer's end count as rejected."""
     start, end = answer_pos[0], answer_pos[-1]  # first answer token comes from the prefill
     c, drafted, accepted = start, 0, 0
     while c < end:
-        d1, d2 = int(l1[c - 1].argmax()), int(l2[c - 2].argmax())
+        d1, d2 = int(l1[c - 1].argmax()), int(l2[c - 1].argmax())
         drafted += 2
         a = 0
         if c + 1 <= end and d1 == ids[c + 1]:

@@ -172,3 +172,28 @@ def test_result_outputs():
 def test_bad_input(call, match):
     with pytest.raises(InputError, match=match):
         call()
+
+
+def test_a_build_that_cannot_be_probed_is_skipped():
+    from statescope.errors import EnvironmentBroken
+
+    def make_probe(broken: set):
+        oracle = FlakyOracle(32, 20, 0.0, 0.3, seed=2)
+
+        def probe(i, n):
+            if i in broken or not broken:  # empty set: the first item probed is the broken one
+                broken.add(i)
+                raise EnvironmentBroken(f"build {i}: install failed (test)")
+            return oracle(i, n)
+        return probe
+
+    first: set = set()
+    r = bayesian_bisect(range(32), make_probe(first), requests_per_probe=10, budget=1000)
+    assert r.answer_index == 20 and r.stopped == "confident"
+    [broken] = first
+    assert list(r.skipped) == [str(broken)] and "install failed" in r.skipped[str(broken)]
+    assert all(p.index != broken for p in r.probes) and f"skipped {broken}" in r._repr_html_()
+    # The build just before the change cannot be probed: 19 and 20 cannot be told apart.
+    r = bayesian_bisect(range(32), make_probe({19}), requests_per_probe=10, budget=1000)
+    assert "19" in r.skipped and r.answer_index in (19, 20) and r.confidence < 0.95
+    assert r.stopped in ("no informative probe", "budget")

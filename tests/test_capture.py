@@ -63,7 +63,7 @@ def test_spec_file_round_trip_and_relative_output_dir(tmp_path):
 
 
 def test_selection_rules():
-    tok = lambda text: [ord(c) for c in text]  # noqa: E731  (byte-level, like the tiny model)
+    tok = lambda text: [ord(c) for c in text]  # noqa: E731  (a byte-level stand-in)
     ids = lambda text: [256] + tok(text)  # noqa: E731  (BOS first)
     spec = CaptureSpec.from_dict({"output_dir": "x", "requests": {
         "ids": ["7"], "prompt_prefixes": ["goal:"], "episode_tags": ["[ep:3]"]}})
@@ -185,8 +185,12 @@ def _capture(engine, tmp_path, name, prompts=None, max_tokens=24, **spec):
 
 
 @pytest.mark.engine
-def test_two_identical_runs_have_identical_digests(trigger, tmp_path):
+def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatch):
+    from statescope import capture_run
+
     a, _ = _capture(trigger, tmp_path, "a")
+    # run b takes the accelerator path on CPU: reduce in the step, one packed copy per step
+    monkeypatch.setattr(capture_run, "DEVICE_PATH_ON_CPU", True)
     b, _ = _capture(trigger, tmp_path, "b")
     diff = digest_diff(a, b)
     assert len(diff) == len(a.digests()) == len(b.digests()) > 0
@@ -233,10 +237,14 @@ def test_prefill_snapshots_have_the_model_geometry_and_match_digests(trigger, tm
 
 
 @pytest.mark.engine
-def test_barrierless_copies_change_exactly_the_requests_that_shift_in_place(trigger, tmp_path):
+def test_barrierless_copies_change_exactly_the_requests_that_shift_in_place(trigger, tmp_path,
+                                                                             monkeypatch):
+    from statescope import capture_run
+
     cpu_kernels.set_copy_semantics("memmove")
     ref, ref_out = _capture(trigger, tmp_path, "memmove")
     cpu_kernels.set_copy_semantics("barrierless_tiles", 8192)  # the fused conv copy's 8 KiB tile
+    monkeypatch.setattr(capture_run, "DEVICE_PATH_ON_CPU", True)  # packed launch decisions too
     bad, _ = _capture(trigger, tmp_path, "barrierless")
     for run in (ref, bad):
         cc = run.manifest["census_crosscheck"]  # decoded census == what the CPU kernels did
@@ -266,12 +274,14 @@ def test_barrierless_copies_change_exactly_the_requests_that_shift_in_place(trig
 @pytest.mark.engine
 def test_selection_prefix_hits_and_snapshot_budget(trigger, tmp_path):
     trigger.reset_prefix_cache()
+    block = trigger.resolved()["mamba_block_size"]
+    system = trigger.generate(["system:"], max_tokens=1)[0].prompt_token_ids  # the tokenizer's ids
     # a prompt of three blocks leaves a cached block-boundary state behind
-    first = trigger.generate(["system: " + "s" * 1142], max_tokens=2)[0]
+    first = trigger.generate([system + [40, 41, 42] * block], max_tokens=2)[0]
     follow_up = first.prompt_token_ids + first.prompt_token_ids[:20]
     capture.install({"output_dir": str(tmp_path), "run_id": "sel", "mode": "full",
-                     "requests": {"prompt_prefixes": ["system: sss"]}, "max_bytes": MiB})
-    recs = trigger.generate([follow_up, "other prompt " * 40], max_tokens=6, ignore_eos=True)
+                     "requests": {"prompt_prefixes": ["system:"]}, "max_bytes": MiB})
+    recs = trigger.generate([follow_up, [50, 51] * 200], max_tokens=6, ignore_eos=True)
     run = CaptureRun(capture.uninstall()[0])
     steps = run.steps()
     assert set(steps["prompt_sha"]) == {prompt_sha(recs[0].prompt_token_ids)}  # selected only

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from statescope.digest import (MAX_COUNTED, Digester, Fence, gather_snapshot, host_to_device,
-                               stat_names, to_host_async)
+from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
+                               stat_names, to_host_async, unpack)
 
 torch.set_num_threads(1)
 
@@ -80,7 +80,7 @@ def test_checksum_is_exact_and_batch_independent_projections_are_positional():
     assert not torch.allclose(other[0, 0, 5:], after[0, 0, 5:])
 
 
-def test_nan_and_inf_counts_exact_for_the_first_flagged_rows_then_minus_one():
+def test_nan_and_inf_counts():
     states = [torch.randn(8, 2, 3, 3) for _ in range(2)]
     states[0][2, 0, 0, :2] = float("nan")
     states[0][2, 1, 1, 1] = float("inf")
@@ -90,11 +90,19 @@ def test_nan_and_inf_counts_exact_for_the_first_flagged_rows_then_minus_one():
     assert stats[0, 0, 3:5].tolist() == [2.0, 1.0]  # layer 0, block 2: 2 NaN, 1 Inf
     assert stats[1, 1, 3:5].tolist() == [0.0, 1.0]
     assert stats[..., 3:5].sum().item() == 4.0
-    # more flagged rows than MAX_COUNTED in one chunk: the extra ones say -1 ("present")
     many = [torch.full((8, 4), float("nan"))]
-    stats, _ = Digester(0, 0).digest(many, torch.tensor([list(range(MAX_COUNTED + 2))]))
-    nan = stats[0, :, 3].tolist()
-    assert nan[:MAX_COUNTED] == [4.0] * MAX_COUNTED and nan[MAX_COUNTED:] == [-1.0, -1.0]
+    stats, _ = Digester(0, 0).digest(many, torch.tensor([list(range(5))]))
+    assert stats[0, :, 3].tolist() == [4.0] * 5
+
+
+def test_pack_unpack_round_trip():
+    parts = [torch.randn(2, 3), torch.tensor([[1, -2**40]], dtype=torch.int64),
+             torch.arange(5, dtype=torch.int32), torch.randn(4).to(torch.bfloat16)]
+    flat, layout = pack(parts)
+    assert flat.dtype == torch.uint8 and flat.numel() % 8 == 0
+    assert all(off % 8 == 0 for _, _, off in layout)  # each part viewable as its dtype
+    for a, b in zip(parts, unpack(flat, layout)):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_chunking_changes_nothing():
@@ -159,12 +167,14 @@ def test_cuda_digest_census_and_transfers_never_synchronize():
         rows = d.token_rows(chunks, conv.shape[1:], 0)
         snap = gather_snapshot([ssm], ids[0, :1])
         dec = postprocess_decisions(*inputs, 8)
-        host = [to_host_async(t) for t in (stats, checks, conv_checks, rows[0], snap, dec)]
+        flat, layout = pack([stats, checks, conv_checks, rows[0], snap, dec])
+        flat_host = to_host_async(flat)  # one copy for the whole step
         fence = Fence("cuda")
     finally:
         torch.cuda.set_sync_debug_mode(0)
     fence.wait()
-    assert fence.done() and all(h.is_pinned() for h in host)
+    assert fence.done() and flat_host.is_pinned()
+    host = unpack(flat_host, layout)
     ref_stats, ref_checks = d.digest([ssm_cpu], torch.tensor([[3, 0, 7]]))
     assert torch.equal(host[1], ref_checks)  # exact on any device
     torch.testing.assert_close(host[0], ref_stats, rtol=1e-4, atol=1e-4)

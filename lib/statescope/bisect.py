@@ -28,14 +28,13 @@ import html
 import json
 import math
 import numbers
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy import special, stats
 
-from statescope.errors import InputError
+from statescope.errors import EnvironmentBroken, InputError
 
 MODES = ("regression", "fix")
 Probe = Callable[[Any, int], "int | tuple[int, int]"]  # (item, n requests) -> k or (n_done, k)
@@ -171,6 +170,7 @@ class BisectResult:
     requests_used: int
     stopped: str
     settings: dict = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # label -> why it could not be probed
 
     @property
     def answer(self) -> str:
@@ -194,7 +194,9 @@ class BisectResult:
             for p in self.probes)
         return (f"<div><b>{e(self.method)} bisection ({e(self.mode)})</b>: {e(self.answer_meaning)} = "
                 f"<b>{e(self.answer)}</b>, posterior mass {self.confidence:.3f}, {self.requests_used} "
-                f"requests in {len(self.probes)} probes, stopped: {e(self.stopped)}<table><tr><th>probe"
+                f"requests in {len(self.probes)} probes, stopped: {e(self.stopped)}"
+                + "".join(f"<br>skipped {e(k)}: {e(v)}" for k, v in self.skipped.items())
+                + "<table><tr><th>probe"
                 f"</th><th>item</th><th>failed/requests</th><th>requests so far</th><th>most likely"
                 f"</th><th>its mass</th></tr>{rows}</table></div>")
 
@@ -253,7 +255,9 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
     """Probe the item of largest expected information gain until one location has ``confidence``.
 
     ``budget`` caps the total requests (None: only ``max_probes`` caps); ``observations`` adds
-    counts already measured, {item index: (n, k)}, e.g. the reproduction on the last build."""
+    counts already measured, {item index: (n, k)}, e.g. the reproduction on the last build. An
+    item whose probe raises ``EnvironmentBroken`` (a build that does not install or run) is skipped
+    from then on, like ``git bisect skip``; the posterior then cannot split it from its neighbour."""
     names = _check_run_args(items, requests_per_probe, labels)
     if not 0 < confidence < 1:
         raise InputError(f"confidence={confidence!r}: expected a probability in (0, 1)")
@@ -261,7 +265,7 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
     for i, (n, k) in (observations or {}).items():
         post.add(int(i), int(n), int(k))
     first = post.marginal()
-    probes, posteriors, used, stopped = [], [], 0, "max_probes"
+    probes, posteriors, used, stopped, skipped, skipped_at = [], [], 0, "max_probes", {}, set()
     m = first
     while len(probes) < max_probes:
         if m.max() >= confidence:
@@ -271,11 +275,16 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
             stopped = "budget"
             break
         gain = post.information_gain(requests_per_probe)
+        gain[list(skipped_at)] = -1.0
         j = int(np.argmax(gain))
         if gain[j] < 1e-9:
             stopped = "no informative probe"
             break
-        n, k = _observe(probe, items[j], requests_per_probe, names[j])
+        try:
+            n, k = _observe(probe, items[j], requests_per_probe, names[j])
+        except EnvironmentBroken as exc:
+            skipped[names[j]], skipped_at = str(exc), skipped_at | {j}
+            continue
         post.add(j, n, k)
         used += n
         rec, m = _record(post, len(probes) + 1, j, names[j], n, k, used, float(gain[j]))
@@ -285,7 +294,7 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
     return BisectResult("bayesian", mode, names, probes, first.tolist(), posteriors, best,
                         float(m[best]), used, stopped,
                         {"requests_per_probe": requests_per_probe, "budget": budget,
-                         "confidence": confidence, "prior": asdict(post.prior)})
+                         "confidence": confidence, "prior": asdict(post.prior)}, skipped)
 
 
 def plain_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
@@ -406,6 +415,8 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         items = builds.plant_regression(specs, args.plant_from) if args.plant_from is not None else specs
         probe = builds.build_probe(**cells)
     labels = [getattr(x, "label", str(x)) for x in items]
+    if len(set(labels)) < len(labels):  # the same build listed twice: tell them apart by position
+        labels = [f"#{i} {label}" for i, label in enumerate(labels)]
     if args.plain:
         r = plain_bisect(items, probe, labels=labels, **kw)
     elif args.settings:

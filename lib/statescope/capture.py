@@ -167,7 +167,6 @@ class Recorder:
         import torch
 
         from statescope.census_decode import postprocess_decisions
-        from statescope.digest import to_host_async
 
         if kind == "precopy":
             data = torch.stack([bound[k][:n].to(torch.int64) for k in
@@ -175,7 +174,7 @@ class Recorder:
         else:
             data = postprocess_decisions(*(bound[k][:n] for k in _FUSED_ARGS[kind][1:]),
                                          block_size=int(ctx.block_size))
-        run.open_launch(kind, to_host_async(data))
+        run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
 
     def launch_done(self) -> None:
         if self.current is not None:

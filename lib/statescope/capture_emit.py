@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from statescope import census, census_decode as cd
+from statescope.digest import unpack
 
 KINDS = ("conv", "ssm")
 
@@ -25,6 +26,12 @@ class RunEmitter:
     ``crosscheck``, ``lock``, ``deferred_bytes`` and ``_reduce_into`` from ``RunCapture``."""
 
     def _emit(self, item: dict) -> None:
+        if "packed" in item:  # GPU: the step's results arrived in one pinned buffer
+            flat, layout, keys, launches = item.pop("packed")
+            values = unpack(flat, layout)
+            item.update(zip(keys, values))
+            for launch, data in zip(launches, values[len(keys):]):
+                launch.data = data
         if "gathered" in item:
             self._reduce_into(item, item.pop("gathered"))
             with self.lock:
@@ -65,24 +72,40 @@ class RunEmitter:
         return out
 
     def _emit_digests(self, item: dict, metas: list, es: int) -> None:
-        stats, sums = item["stats"].numpy(), item["checksum"].numpy()
-        row_checks, row_sums = (t.numpy() for t in item["conv_rows"])
-        names = self.digester.names
-        layer_names = [n for n, _ in self.layers]
-        rows = []
+        """Columnar: one row per (kind, layer, request), built with numpy, no per-row Python."""
+        import numpy as np
+        import pyarrow as pa
+
+        stats, sums = item["stats"].numpy(), item["checksum"].numpy()  # [2, L, R, S], [2, L, R]
+        kinds, layers, reqs = sums.shape
+        group_pos = [self.groups.index(g) for _, g in self.layers]
+        blocks = np.array([[m["running_blocks"][p] for m in metas] for p in group_pos])  # [L, R]
+        per_kind = layers * reqs
+        tables = []
         for k, kind in enumerate(KINDS):
-            for li, layer in enumerate(layer_names):
-                g = self.layers[li][1]
-                for r, meta in enumerate(metas):
-                    row = {"engine_step": es, "req_id": meta["req_id"], "req_step": meta["req_step"],
-                           "prompt_sha": meta["prompt_sha"], "layer": layer, "layer_index": li,
-                           "kind": kind, "block_id": meta["running_blocks"][self.groups.index(g)],
-                           "checksum": int(sums[k, li, r]),
-                           "row_checksums": row_checks[li, r].tolist() if k == 0 else None,
-                           "row_sums": row_sums[li, r].tolist() if k == 0 else None}
-                    row.update(zip(names, (float(v) for v in stats[k, li, r])))
-                    rows.append(row)
-        self.writer.add_rows("digests", rows)
+            cols = {
+                "engine_step": np.full(per_kind, es, dtype=np.int64),
+                "req_id": np.tile(np.array([m["req_id"] for m in metas], dtype=object), layers),
+                "req_step": np.tile(np.array([m["req_step"] for m in metas], dtype=np.int64), layers),
+                "prompt_sha": np.tile(np.array([m["prompt_sha"] for m in metas], dtype=object),
+                                      layers),
+                "layer": np.repeat(np.array([n for n, _ in self.layers], dtype=object), reqs),
+                "layer_index": np.repeat(np.arange(layers, dtype=np.int64), reqs),
+                "kind": np.full(per_kind, kind, dtype=object),
+                "block_id": blocks.reshape(-1).astype(np.int64),
+                "checksum": sums[k].reshape(-1).astype(np.int64)}
+            for j, name in enumerate(self.digester.names):
+                cols[name] = stats[k, ..., j].reshape(-1).astype(np.float64)
+            table = pa.table(cols)
+            if kind == "conv":  # per-token-row digests of the window (see capture_diff)
+                checks, rsums = item["conv_row_checks"].numpy(), item["conv_row_sums"].numpy()
+                t = checks.shape[-1]
+                table = table.append_column("row_checksums", pa.FixedSizeListArray.from_arrays(
+                    pa.array(checks.reshape(-1).astype(np.int64)), t))
+                table = table.append_column("row_sums", pa.FixedSizeListArray.from_arrays(
+                    pa.array(rsums.reshape(-1).astype(np.float64)), t))
+            tables.append(table)
+        self.writer.add_table("digests", pa.concat_tables(tables, promote_options="default"))
 
     def _census_rows(self, launch: Any, item: dict, es: int) -> list[dict]:
         batch, block_ids = item["batch"], item["block_ids"]

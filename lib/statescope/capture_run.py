@@ -32,9 +32,12 @@ from statescope import census_decode as cd
 from statescope.capture_adapters import mamba_groups
 from statescope.capture_emit import KINDS, RunEmitter
 from statescope.capture_store import CaptureWriter
-from statescope.digest import Digester, Fence, gather_snapshot, host_to_device, to_host_async
+from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
+                               to_host_async)
 
+PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted")
 MAX_DEFERRED_BYTES = 256 * 2**20  # CPU: gathered bytes that may wait for the flusher thread
+DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 
 
 @dataclass
@@ -81,6 +84,9 @@ class RunCapture(RunEmitter):
         self.geoms = cd.geometry_from_states(
             [(n, g, s) for (n, g), s in zip(self.layers, states)], dim_first)
         self.device = states[0][0].device
+        # accelerator path: reduce in the step (async device ops) and pack results for one
+        # pinned copy. DEVICE_PATH_ON_CPU forces it on CPU so tests exercise the GPU logic.
+        self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
         self.digester = Digester(spec.projections, spec.digest_seed)
         spec_cfg = runner.vllm_config.speculative_config
         num_spec = int(spec_cfg.num_speculative_tokens) if spec_cfg else 0
@@ -182,7 +188,10 @@ class RunCapture(RunEmitter):
         index = runner.input_batch.req_id_to_index
         live = [rid for rid in step.sched if rid in index and rid in runner.requests]
         sel = sorted((rid for rid in live if self._selected(runner, rid)["selected"]), key=index.get)
-        block_ids = {rid: tuple(list(b) for b in runner.requests[rid].block_ids) for rid in live}
+        groups = set(self.groups)  # only Mamba groups' tables are needed (census decode, rows)
+        block_ids = {rid: tuple(list(b) if g in groups else None
+                                for g, b in enumerate(runner.requests[rid].block_ids))
+                     for rid in (live if step.launches else sel)}
         batch = sorted(live, key=index.get)
         metas, cols = [], []
         for rid in sel:
@@ -206,7 +215,7 @@ class RunCapture(RunEmitter):
                                               dtype=torch.int64), self.device)
             gathered = [self.digester.gather([s[k] for s in states], idx) for k in (0, 1)]
             nbytes = sum(c.numel() * c.element_size() for g in gathered for c in g)
-            if self.device.type == "cpu" and self.deferred_bytes + nbytes <= MAX_DEFERRED_BYTES:
+            if not self.device_path and self.deferred_bytes + nbytes <= MAX_DEFERRED_BYTES:
                 out["gathered"] = gathered  # reduced by the flusher thread, off the step's path
                 out["gathered_bytes"] = nbytes
                 with self.lock:
@@ -215,8 +224,10 @@ class RunCapture(RunEmitter):
                 self._reduce_into(out, gathered)
             if step.accepted is not None:
                 rows = host_to_device(torch.tensor([index[r] for r in sel]), step.accepted.device)
-                out["accepted"] = to_host_async(step.accepted.index_select(0, rows))
+                out["accepted"] = step.accepted.index_select(0, rows)
             out["snaps"] = self._snapshots(states, idx, metas)
+        if self.device_path:
+            self._pack(out)
         out["fence"] = Fence(self.device)
         with self.lock:
             self.pending.append(out)
@@ -225,11 +236,20 @@ class RunCapture(RunEmitter):
 
     def _reduce_into(self, item: dict, gathered: list) -> None:
         stats, sums = zip(*(self.digester.reduce(g) for g in gathered))
-        item["stats"] = to_host_async(torch.stack(stats))
-        item["checksum"] = to_host_async(torch.stack(sums))
+        item["stats"], item["checksum"] = torch.stack(stats), torch.stack(sums)
         conv = self.geoms[0]
-        rows = self.digester.token_rows(gathered[0], conv.shape, 1 if conv.dim_rows else 0)
-        item["conv_rows"] = tuple(to_host_async(t) for t in rows)
+        item["conv_row_checks"], item["conv_row_sums"] = self.digester.token_rows(
+            gathered[0], conv.shape, 1 if conv.dim_rows else 0)
+
+    def _pack(self, item: dict) -> None:
+        """GPU: one pinned device->host copy for all of a step's small results (digests, accepted
+        counts, fused-launch decisions); ``RunEmitter`` unpacks it once the fence is done."""
+        keys = [k for k in PACKED if k in item]
+        launches = [ln for ln in item["launches"] if isinstance(ln.data, torch.Tensor)]
+        if not keys and not launches:
+            return
+        flat, layout = pack([item.pop(k) for k in keys] + [ln.data for ln in launches])
+        item["packed"] = (to_host_async(flat), layout, keys, launches)
 
     def _snapshots(self, states: list, idx: torch.Tensor, metas: list) -> list:
         snaps = []

@@ -3,9 +3,9 @@
 What it does: ``record(engine, spec, prompts)`` resets the prefix cache, installs capture with
 ``spec`` (a dict or ``CaptureSpec``), generates greedily, removes capture and returns the
 ``CaptureRun`` with the generated records. ``boundary_prompts(block_size, n)`` makes distinct
-prompts that end just before a Mamba block boundary, so that decoding with MTP crosses it at
-different offsets — the workload that exercises every align-mode copy path, in-place shifts
-included (1 character = 1 token with the embedded default's byte-level tokenizer).
+token-id prompts that end just before a Mamba block boundary, so that decoding with MTP crosses
+it at different offsets — the workload that exercises every align-mode copy path, in-place
+shifts included. Token ids, not text, because a trained tokenizer merges characters.
 
 What it deliberately does not do: start engines or servers (``statescope.engine``,
 ``statescope.server``), or compare runs (``statescope.capture_diff``).
@@ -15,11 +15,19 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from statescope.capture_store import CaptureRun
+from statescope.errors import InputError
 
 
-def boundary_prompts(block_size: int, n: int = 12) -> list[str]:
-    """``n`` distinct prompts of ``block_size - 13 + i`` characters (i = 0..n-1)."""
-    return [f"{i:02d}" + "abcdefghij"[i % 10] * (block_size - 15 + i) for i in range(n)]
+def boundary_prompts(block_size: int, n: int = 12, token_range: tuple[int, int] = (3, 250)
+                     ) -> list[list[int]]:
+    """``n`` distinct token-id prompts; prompt i has ``block_size - 13 + i`` tokens (a unique
+    opening token, then one repeated token). Ids are drawn from ``token_range``, which must hold
+    ordinary tokens of the model's vocabulary (the default suits the embedded tiny models)."""
+    lo, hi = token_range
+    if hi - lo < 2 * n or block_size < 14:
+        raise InputError(f"boundary_prompts: token_range {token_range} too small for {n} prompts, "
+                         f"or block_size {block_size} < 14")
+    return [[lo + i] + [lo + n + i % 10] * (block_size - 14 + i) for i in range(n)]
 
 
 def record(engine: Any, spec: Any, prompts: Sequence[Any], *, max_tokens: int = 24,

@@ -56,6 +56,7 @@ class CaptureWriter:
         self.manifest = dict(manifest, format=FORMAT, created=_now(), status="running",
                              truncated=False, snapshots_skipped=0)
         self._rows: dict[str, list[dict]] = {t: [] for t in TABLES}
+        self._tables: dict[str, list[Any]] = {t: [] for t in TABLES}
         self._tensors: dict[str, Any] = {}
         self._known: dict[str, str] = {}  # sha -> shard file name
         self._parts = 0
@@ -69,6 +70,12 @@ class CaptureWriter:
         if table not in self._rows:
             raise InputError(f"capture table {table!r}: expected one of {TABLES}")
         self._rows[table].extend(rows)
+
+    def add_table(self, table: str, data: Any) -> None:
+        """Buffer a ``pyarrow.Table`` (columnar rows: no per-row Python objects)."""
+        if table not in self._rows:
+            raise InputError(f"capture table {table!r}: expected one of {TABLES}")
+        self._tables[table].append(data)
 
     def has_room(self, nbytes: int) -> bool:
         return self.bytes_written + self._pending_bytes + nbytes <= self.max_bytes
@@ -104,12 +111,13 @@ class CaptureWriter:
             self._tensors, self._pending_bytes = {}, 0
         wrote = False
         for table, rows in self._rows.items():
-            if rows:
+            parts = self._tables[table] + ([pa.Table.from_pylist(rows)] if rows else [])
+            if parts:
                 wrote = True
                 path = self.run_dir / "tables" / f"{table}-{self._parts + 1:05d}.parquet"
-                pq.write_table(pa.Table.from_pylist(rows), path)
+                pq.write_table(pa.concat_tables(parts, promote_options="default"), path)
                 self.bytes_written += path.stat().st_size
-                self._rows[table] = []
+                self._rows[table], self._tables[table] = [], []
         self._parts += wrote
         self.manifest["updated"] = _now()
         self.manifest["sizes"] = {"bytes_total": self.bytes_written, "tensor_bytes": self.tensor_bytes,

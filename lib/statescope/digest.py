@@ -14,15 +14,16 @@ all with device ops that enqueue behind the step's own kernels:
   changes it. It ignores order; the projections (compared with a small relative tolerance)
   do not.
 
-NaN/Inf counts are exact for up to ``MAX_COUNTED`` non-finite (layer, request) rows per chunk
-(found on the device with ``nonzero_static``); further non-finite rows report -1 ("present").
+NaN/Inf counts are exact. On a GPU they are always counted (a branch would synchronize); on
+CPU only when a row's sums say it holds any.
 The reductions are chosen to read the gathered bytes few times (one matmul gives sum and
 projections; norms need no temporaries), because on a CPU with a tiny model the digest competes
 with the model's own step.
 
-``gather_snapshot`` copies one request's blocks (all layers) for a full snapshot. ``to_host_async``
-moves results into pinned host memory with ``non_blocking`` copies and ``Fence`` records an event
-to query later; on CPU both are no-ops (the results are already fresh host tensors).
+``gather_snapshot`` copies one request's blocks (all layers) for a full snapshot. ``pack`` joins a
+step's small result tensors into one byte buffer so that ``to_host_async`` moves them with one
+``non_blocking`` copy into pinned host memory; ``unpack`` splits them again. ``Fence`` records an
+event to query later. On CPU the transfers are no-ops (results are already fresh host tensors).
 ``host_to_device`` uploads small index tensors through pinned memory (a pageable upload would
 synchronize the stream).
 
@@ -31,13 +32,13 @@ back results (the recorder does, once ``Fence.done()``), or call ``.item()``/``.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
 BASE_STATS = ("sum", "sumsq", "absmax", "nan", "inf")
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-MAX_COUNTED = 2  # rows per chunk whose NaN/Inf are counted exactly (others: -1 = "present")
 CHUNK_BYTES = 16 * 2**20  # source bytes gathered at once; temporaries are up to 8x this
 
 
@@ -119,28 +120,19 @@ class Digester:
         sum_proj = x @ self._weights_for(n, g.device)  # [Lc, R, 1 + K]
         sumsq = torch.linalg.vector_norm(x, 2, -1).square()
         absmax = torch.maximum(x.amax(-1), x.amin(-1).neg())
-        nan, inf = self._count_nonfinite(x.view(lc * reqs, n), sum_proj[..., 0] + sumsq)
-        cols = [sum_proj[..., 0], sumsq, absmax, nan.view(lc, reqs), inf.view(lc, reqs)]
-        stats = torch.stack(cols + list(sum_proj[..., 1:].unbind(-1)), -1)
+        probe = sum_proj[..., 0] + sumsq  # not finite iff the row holds a NaN or an Inf
+        if g.device.type == "cpu":  # a host branch costs nothing here: count only if needed
+            if bool(torch.isfinite(probe).all()):
+                nan = inf = torch.zeros_like(probe)
+            else:
+                nan, inf = torch.isnan(x).sum(-1).to(probe.dtype), torch.isinf(x).sum(-1).to(probe.dtype)
+        else:  # on a GPU a branch would synchronize; counting everything is cheap there
+            nan, inf = torch.isnan(x).sum(-1).to(probe.dtype), torch.isinf(x).sum(-1).to(probe.dtype)
+        stats = torch.cat([sum_proj[..., :1], torch.stack([sumsq, absmax, nan, inf], -1),
+                           sum_proj[..., 1:]], -1)
         # int32 accumulation wraps: an exact sum modulo 2**32, independent of reduction order
         checksum = g.view(_INT_VIEW[g.element_size()]).sum(-1, dtype=torch.int32)
         return stats, checksum.to(torch.int64)
-
-    def _count_nonfinite(self, rows: torch.Tensor, probe: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """NaN and Inf counts per row, computed for at most ``MAX_COUNTED`` flagged rows (rows whose
-        ``probe`` is not finite); other flagged rows get -1 ("present, not counted"). Fixed
-        shapes (``nonzero_static``), so no host sync."""
-        total = rows.shape[0]
-        flagged = ~torch.isfinite(probe.reshape(-1))
-        k = min(MAX_COUNTED, total)
-        picked = torch.nonzero_static(flagged, size=k, fill_value=total).view(-1)  # pad: dummy row
-        sub = rows.index_select(0, picked.clamp(max=total - 1))
-        counts = torch.where(flagged, -1.0, 0.0).unsqueeze(1).repeat(1, 2)
-        counts = torch.cat([counts, counts.new_zeros(1, 2)])  # the dummy row takes the padding
-        got = torch.stack([torch.isnan(sub).sum(-1), torch.isinf(sub).sum(-1)], 1)
-        counts.index_copy_(0, picked, got.to(counts.dtype))
-        return counts[:total, 0], counts[:total, 1]
 
 
 def gather_snapshot(states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:
@@ -154,6 +146,26 @@ def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple]]:
+    """One flat uint8 tensor holding ``tensors`` back to back (each at an 8-byte aligned offset,
+    so it can be viewed back as its dtype), and the layout to undo it."""
+    parts, layout, offset = [], [], 0
+    for t in tensors:
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        layout.append((t.dtype, tuple(t.shape), offset))
+        parts.append(raw)
+        pad = -raw.numel() % 8
+        if pad:
+            parts.append(raw.new_zeros(pad))
+        offset += raw.numel() + pad
+    return torch.cat(parts), layout
+
+
+def unpack(flat: torch.Tensor, layout: Sequence[tuple]) -> list[torch.Tensor]:
+    return [flat[off:off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for dtype, shape, off in layout]
 
 
 def to_host_async(t: torch.Tensor) -> torch.Tensor:

