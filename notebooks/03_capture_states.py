@@ -159,7 +159,10 @@ conv.shape, conv.float().abs().sum(-1)  # prefill writes the first kernel-1 rows
 engine.close()
 
 # %% [markdown]
-# **Not covered here.** The GPU path of the fused post-process census was unit-tested on CUDA
-# (no host sync), but it has not run end to end with accepted drafts on GPU. vLLM 0.32.0 is
-# recognised but refused, because its V2 model runner is not wrapped. Requests are only lined
-# up across runs by prompt, so two identical prompts in one run are told apart by their order.
+# **What has and has not been checked.** The same hooks ran on a GPU: vLLM 0.26.0 on an H200,
+# with CUDA graphs and async scheduling on. There, two identical runs gave identical digests,
+# outputs with and without capture were identical, and the scalar pre-copy census was decoded.
+# The fused post-process census has not run on a GPU with accepted drafts. Its decision mirror
+# is unit-tested on CUDA, including a check that it never synchronizes. vLLM 0.32.0 is
+# recognised but refused, because its V2 model runner is not wrapped. Runs are lined up by
+# prompt, so a workload that repeats a prompt cannot be compared row for row yet.

@@ -73,6 +73,15 @@ def test_information_gain_matches_brute_force():
     assert post.information_gain(n)[5] < post.information_gain(n)[3]
 
 
+def test_information_gain_is_finite_when_locations_underflow():
+    post = ChangePointPosterior(10)
+    for i in range(10):  # overwhelming evidence: every other location has probability 0.0
+        post.add(i, 10_000, 3_000 if i >= 5 else 0)
+    assert post.marginal()[5] == 1.0
+    gain = post.information_gain(20)
+    assert np.all(np.isfinite(gain)) and gain.max() < 1e-6
+
+
 def test_one_failure_is_strong_evidence_a_clean_probe_weak():
     post = ChangePointPosterior(3, "regression")
     post.add(1, 20, 1)  # item 1 failed once: it is (almost surely) after the change

@@ -130,9 +130,11 @@ class ChangePointPosterior:
             lik = self._lik[n_requests] = stats.binom.pmf(np.arange(n_requests + 1)[None, :],
                                                           n_requests, self.rates[:, None])
         q_before, q_after = m_before @ lik, m_after @ lik  # P(c, k) by the probed item's regime
-        with np.errstate(divide="ignore", invalid="ignore"):
-            h_before = -special.xlogy(q_before, q_before / wc[:, None]).sum(1)
-            h_after = -special.xlogy(q_after, q_after / wc[:, None]).sum(1)
+        def cond_entropy(q: np.ndarray) -> np.ndarray:  # -sum_k P(c,k) log P(k|c); 0 where P(c) = 0
+            given = np.divide(q, wc[:, None], out=np.ones_like(q), where=wc[:, None] > 0)
+            return -special.xlogy(q, given).sum(1)
+
+        h_before, h_after = cond_entropy(q_before), cond_entropy(q_after)
 
         def prefix(a: np.ndarray) -> np.ndarray:  # prefix[j] = sum over c <= j (first j rows)
             return np.concatenate([np.zeros((1,) + a.shape[1:]), np.cumsum(a, axis=0)])

@@ -11,10 +11,11 @@ and what is missing (``statescope.capture_adapters``).
 Design: ``statescope.capture_hooks`` wraps the V1 runner's step methods and the Mamba copy
 entry points; ``Recorder`` (this module) is their sink and keeps one ``RunCapture``
 (``statescope.capture_run``) per model runner — one run directory each. Digests and snapshots
-are taken on the state's device after each step and copied to pinned host memory without
-blocking; a daemon flusher thread polls the copies' events and writes finished steps, so the
-step itself never synchronizes. ``flush()``/``close()`` (and process exit) wait for the device
-once and write everything. The run manifest records this under ``perturbation``.
+are taken on the state's device after each step; on a GPU a step's small results travel in one
+non-blocking copy into pinned host memory. A daemon flusher thread polls the copies' events and
+writes finished steps (on CPU it also reduces the blocks the step gathered), so the step itself
+never synchronizes. ``flush()``/``close()``, the worker's shutdown and process exit wait for the
+device once and write everything. The run manifest records this under ``perturbation``.
 
 What it deliberately does not do: compare runs (the divergence tools do), or change what vLLM
 computes — every hook calls the original with the same arguments.
@@ -37,7 +38,8 @@ ENV_STRICT = "STATESCOPE_CAPTURE_STRICT"
 PERTURBATION = {
     "forced_sync": False, "forced_eager": False,
     "in_step": "device ops enqueued after sample_tokens on the current stream; small index "
-               "uploads through pinned memory; no .item()/.tolist()/synchronize",
+               "uploads and one packed result download through pinned memory; no "
+               ".item()/.tolist()/synchronize",
     "sync_points": ["flush()/close()/process exit: one wait on the last step's event"],
     "host_work_in_step": "Python bookkeeping per selected request; scalar-path pointer arrays "
                          "(already on the host) copied; on CPU the block gather (digest "
@@ -72,6 +74,7 @@ class Recorder:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._flusher_error: BaseException | None = None
 
     # ---- runs ----------------------------------------------------------------------------------
 
@@ -217,9 +220,17 @@ class Recorder:
                     self.errors.append(f"flusher: {type(exc).__name__}: {exc}")
                     log.warning("statescope capture: flusher failed", exc_info=exc)
                     run.writer.note(errors=self.errors[:20], error_count=len(self.errors))
+                    self._flusher_error = self._flusher_error or exc
+
+    def _raise_flusher_error(self) -> None:
+        """Strict mode: a flusher thread's error surfaces at the next flush/close."""
+        exc, self._flusher_error = self._flusher_error, None
+        if exc is not None and self.strict:
+            raise exc
 
     def flush(self) -> list[Path]:
         """Wait for the device once, write every finished step of every open run."""
+        self._raise_flusher_error()
         for run in list(self.runs.values()):
             run.drain(force=True)
         return [r.writer.run_dir for r in self.runs.values()]
@@ -230,6 +241,7 @@ class Recorder:
         with self._lock:
             for key in list(self.runs):
                 self._close_run(key)
+        self._raise_flusher_error()  # after the runs are written and closed
         return list(self.closed)
 
 

@@ -162,8 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_reproduce)
+    from statescope.cli_capture import add_capture_subcommands
     from statescope.racecheck import add_racecheck_subcommand
 
+    add_capture_subcommands(sub)
     add_racecheck_subcommand(sub)
     return p
 
