@@ -397,7 +397,10 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
         try:
             rc = subprocess.run([str(build.python), "-m", "statescope.builds", "run-cell",
                                  str(run_dir / "cell_request.json")], stdout=log, stderr=subprocess.STDOUT,
-                                env=_clean_env({"VLLM_LOGGING_LEVEL": "WARNING"}), cwd=REPO,
+                                # This checkout's statescope wins over the build's editable
+                                # install, which may point at the checkout that created it.
+                                env=_clean_env({"VLLM_LOGGING_LEVEL": "WARNING",
+                                                "PYTHONPATH": str(REPO / "lib")}), cwd=REPO,
                                 timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             rc = 124

@@ -165,8 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     from statescope.cli_capture import add_capture_subcommands
     from statescope.racecheck import add_racecheck_subcommand
 
+    from statescope.bisect import add_bisect_subcommands
+    from statescope.builds import add_build_subcommands
+
     add_capture_subcommands(sub)
     add_racecheck_subcommand(sub)
+    add_build_subcommands(sub)
+    add_bisect_subcommands(sub)
     return p
 
 
