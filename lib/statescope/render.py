@@ -54,7 +54,11 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800) -> dict:
     from nbclient.exceptions import CellExecutionError
     from nbconvert import HTMLExporter
 
+    import os
+
     nb = sync_pair(py_path)
+    # Plotly figures must carry an HTML rendering, or nbconvert drops them from the report.
+    os.environ.setdefault("PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
     t0 = time.perf_counter()
     error = None
     try:
