@@ -82,3 +82,16 @@ def test_cli_reproduce_json(tmp_path):
     out = json.loads(proc.stdout)
     assert out["outcome"] == CORRUPTION_DETECTED and out["labels"]["trigger"]
     assert (tmp_path / "cli" / "records.jsonl").is_file()
+
+
+def test_reproduce_through_vllm_serve(tmp_path, trace, control_run):
+    """The whole path through a real `vllm serve` on loopback: a planted fault in the server's
+    engine process (installed there by the statescope plugin) must be detected from the HTTP
+    answers. (Teardown without orphans is asserted in test_server.py.)"""
+    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0]))
+    res = reproduce(arm, control_run.arm, trace, store_root=tmp_path, run_id="srv",
+                    runner="server", unit="request", control_run=control_run)
+    assert res.verdict.outcome == CORRUPTION_DETECTED
+    assert all(r["runner"] == "server" for r in res.trigger.rows)
+    assert res.trigger.metrics["prefix_cache_hits"] > 0
+    assert res.trigger.resolved["num_speculative_tokens"] == 2

@@ -245,6 +245,10 @@ class ServerRunner(_ClosingContext):
             except httpx.TransportError as exc:
                 raise ServerRequestError(f"{self.url}{path}: connection failed ({exc})") from exc
             latency = time.perf_counter() - t0
+        if r.status_code == 400 and logprobs and "not JSON compliant" in r.text:
+            # NaN logprobs (a state gone to NaN — the `!!!!` symptom) make vLLM's server fail the
+            # whole answer. Ask again without logprobs so the user-visible text is recorded.
+            return await self._one(session, prompt, index, max_tokens, 0, ignore_eos)
         if r.status_code != 200:
             raise ServerRequestError(f"{self.url}{path} answered HTTP {r.status_code} for "
                                      f"prompts[{index}]: {r.text[:400]}")

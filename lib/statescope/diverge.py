@@ -1,0 +1,244 @@
+"""Where a captured run's state first departs from a captured reference run of the same prompts.
+
+What it does: ``divergence_report(run_dir, reference_dir)`` lines the two runs up with
+``capture_diff.digest_diff`` and, per request (prompt), reports the first request-local step where
+a digest differs: which GDN layers and state kinds, which live conv rows (row 0 = the window's
+leading, oldest row; the last = the newest), the size of the difference (largest relative
+difference of a statistic, or of a live row's sum for the conv window) and whether NaN/Inf
+appeared. Next to it go the events of that step and the one before, read from the run's own step
+records and copy census: prefix-cache hit, block-boundary crossing, drafts scheduled, accepted
+count, a same-block left-shift copy, and whether the engine step also ran a prefill.
+``DivergenceReport`` has ``to_dict()``, ``_repr_html_`` and ``heatmap()`` (plotly, layer × step,
+log10 of the difference). ``diverge_command`` / ``add_diverge_subcommand`` are the CLI
+(``statescope diverge RUN --reference REF [--json]``).
+
+What it deliberately does not do: judge which mechanism fits (``statescope.hypotheses``), record
+runs (``statescope.capture_session``) or compare runs of different workloads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from statescope.capture_diff import digest_diff
+from statescope.capture_store import CaptureRun
+from statescope.errors import InputError
+
+EVENT_WINDOW = 1  # events are read at the first divergent step and this many steps before it
+
+
+def _open(path: str | os.PathLike | CaptureRun, what: str) -> CaptureRun:
+    if isinstance(path, CaptureRun):
+        return path
+    if not os.path.isdir(path):
+        raise InputError(f"diverge {what} {path}: not a directory (expected a capture run)")
+    return CaptureRun(path)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-30)
+    rel = np.where(np.isnan(a) & np.isnan(b), 0.0, np.abs(a - b) / scale)
+    return np.nan_to_num(rel, nan=np.inf)
+
+
+def _live_rows(row: pd.Series, width: int) -> tuple[list[int], float]:
+    """Indices (within the live window) of conv rows that differ, and the largest row-sum gap."""
+    oa, ob = row.get("conv_live_offset_a"), row.get("conv_live_offset_b")
+    if oa is None or ob is None or pd.isna(oa) or pd.isna(ob) or row["row_checksums_a"] is None:
+        return [], float(row["stat_rel_diff"])
+    ca = list(row["row_checksums_a"])[int(oa):int(oa) + width]
+    cb = list(row["row_checksums_b"])[int(ob):int(ob) + width]
+    sa = np.array(list(row["row_sums_a"])[int(oa):int(oa) + width], float)
+    sb = np.array(list(row["row_sums_b"])[int(ob):int(ob) + width], float)
+    n = min(len(ca), len(cb), len(sa), len(sb))
+    rel = _rel(sa[:n], sb[:n]) if n else np.zeros(0)
+    rows = [i for i in range(n) if ca[i] != cb[i] or rel[i] > 0]
+    return rows, float(rel.max()) if n else 0.0
+
+
+def _magnitudes(m: pd.DataFrame, width: int) -> pd.DataFrame:
+    """Add ``magnitude`` (live rows for conv) and ``conv_rows`` columns to a digest_diff frame."""
+    mags, rows = [], []
+    for _, r in m.iterrows():
+        if r["kind"] == "conv":
+            idx, mag = _live_rows(r, width)
+            rows.append(idx)
+            mags.append(mag if not r["same"] else 0.0)
+        else:
+            rows.append([])
+            mags.append(float(r["stat_rel_diff"]) if not r["same"] else 0.0)
+    m = m.copy()
+    m["magnitude"], m["conv_rows"] = mags, rows
+    return m
+
+
+def _events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
+    """What the run's step records and copy census say about ``req_id`` at ``steps``."""
+    st, cp = run.steps(), run.copies()
+    mine = st[st["req_id"] == req_id].sort_values("req_step")
+    at = mine[mine["req_step"].isin(steps)]
+    ev: dict[str, Any] = {"steps": [int(s) for s in steps], "prefix_hit_tokens": 0,
+                          "block_crossing": False, "num_drafts": [], "accepted": [],
+                          "same_block_left_shift": False, "shift_steps": [], "copy_kinds": {},
+                          "batch_has_prefill": False}
+    if mine.empty:
+        return ev
+    hits = mine["prefix_hit_tokens"].fillna(0)
+    ev["prefix_hit_tokens"] = int(hits.max())
+    by_step = mine.set_index("req_step")
+    bs = int(run.manifest.get("block_size") or 0) or 1
+    nct = by_step["num_computed_tokens"]
+    for s in steps:  # computed tokens before vs after the step lie in different blocks
+        if s not in by_step.index:
+            continue
+        after = nct[s + 1] if s + 1 in nct.index else nct[s] + int(by_step.loc[s, "accepted"])
+        if nct[s] // bs != after // bs:
+            ev["block_crossing"] = True
+    ev["num_drafts"] = [int(x) for x in at["num_drafts"]]
+    ev["accepted"] = [int(x) for x in at["accepted"]]
+    engine_steps = {int(e): int(s) for e, s in zip(at["engine_step"], at["req_step"])}
+    if not cp.empty:
+        mc = cp[(cp["req_id"] == req_id) & cp["engine_step"].isin(list(engine_steps))]
+        ev["copy_kinds"] = {str(k): int(v) for k, v in mc["kind"].value_counts().items()}
+        sh = mc[(mc["kind"] == "left_shift_same_block") & (mc["nbytes"] > 0)]
+        ev["same_block_left_shift"] = bool(len(sh))
+        ev["shift_steps"] = sorted({engine_steps[int(e)] for e in sh["engine_step"]})
+    batch = st[st["engine_step"].isin(list(engine_steps))]
+    prefill = batch["num_scheduled_tokens"] > batch["num_drafts"] + 1
+    ev["batch_has_prefill"] = bool(prefill.any())
+    return ev
+
+
+@dataclass
+class DivergenceReport:
+    """Per-request first divergence of ``run`` against ``reference`` (see module docstring)."""
+
+    run: str
+    reference: str
+    requests: list[dict] = field(default_factory=list)
+    cells: pd.DataFrame = field(default_factory=pd.DataFrame)  # prompt, req_step, layer, kind, magnitude
+    gdn_layers: int = 0
+    conv_window: int = 0
+
+    @property
+    def diverged(self) -> list[dict]:
+        return [r for r in self.requests if r["first_step"] is not None]
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "reference": self.reference, "gdn_layers": self.gdn_layers,
+                "conv_window": self.conv_window, "requests_compared": len(self.requests),
+                "requests_diverged": len(self.diverged), "requests": self.requests}
+
+    def table(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests:
+            ev = r.get("events", {})
+            rows.append({"req_id": r["req_id"], "first_step": r["first_step"],
+                         "kinds": ",".join(r["kinds"]), "layers": len(r["layers"]),
+                         "conv_rows": r["conv_rows"], "magnitude": r["magnitude"],
+                         "nan_or_inf": r["nan_or_inf"],
+                         "same_block_shift": ev.get("same_block_left_shift"),
+                         "block_crossing": ev.get("block_crossing"),
+                         "prefix_hit_tokens": ev.get("prefix_hit_tokens"),
+                         "accepted": ev.get("accepted")})
+        return pd.DataFrame(rows)
+
+    def _repr_html_(self) -> str:
+        head = (f"<p><b>Divergence</b> of <code>{self.run}</code> from <code>{self.reference}</code>: "
+                f"{len(self.diverged)} of {len(self.requests)} requests diverge "
+                f"({self.gdn_layers} GDN layers, live conv window {self.conv_window} rows; "
+                f"conv row 0 = leading/oldest).</p>")
+        return head + self.table().to_html(index=False)
+
+    def heatmap(self, req_id: str | None = None):
+        """Plotly heatmap, (layer, kind) × request step, of log10 difference for one request
+        (default: the first that diverges; all requests' maximum when none does)."""
+        import plotly.graph_objects as go
+
+        c = self.cells
+        target = req_id or (self.diverged[0]["req_id"] if self.diverged else None)
+        if target is not None:
+            sha = {r["req_id"]: r["prompt_sha"] for r in self.requests}.get(target, target)
+            c = c[c["prompt_sha"] == sha]
+            if c.empty:
+                raise InputError(f"diverge heatmap: no request {target!r} in the report")
+        c = c.assign(row=c["layer"].str.replace(".linear_attn", "", regex=False) + " " + c["kind"])
+        grid = c.pivot_table(index="row", columns="req_step", values="magnitude", aggfunc="max")
+        z = np.log10(np.clip(grid.to_numpy(float), 1e-12, None))
+        z = np.where(np.isinf(grid.to_numpy(float)), 12.0, z)
+        fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index),
+                                   colorscale="Viridis", zmin=-12,
+                                   colorbar={"title": "log10 rel. diff"}))
+        fig.update_layout(title=f"State divergence, request {target or 'all (max)'}",
+                          xaxis_title="request step", yaxis_title="layer / state", height=360)
+        return fig
+
+
+def divergence_report(run_dir: str | os.PathLike | CaptureRun,
+                      reference_dir: str | os.PathLike | CaptureRun,
+                      rtol: float = 1e-5) -> DivergenceReport:
+    """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts)."""
+    run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
+    width = int(run.manifest.get("conv_window", 0))
+    m = digest_diff(ref, run, rtol)
+    report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
+    if m.empty:
+        return report
+    m = _magnitudes(m, width)
+    report.gdn_layers = int(m["layer"].nunique())
+    report.cells = m[["prompt_sha", "req_id_b", "req_step", "layer", "kind", "magnitude"]]
+    for sha, g in m.groupby("prompt_sha"):
+        bad = g[~g["same"].astype(bool)]
+        rec: dict[str, Any] = {"prompt_sha": sha, "req_id": g["req_id_b"].iloc[0],
+                               "reference_req_id": g["req_id_a"].iloc[0],
+                               "steps_compared": int(g["req_step"].nunique()), "first_step": None,
+                               "kinds": [], "layers": [], "conv_rows": [], "magnitude": 0.0,
+                               "nan_or_inf": False, "ssm_lag": None, "events": {}}
+        if len(bad):
+            first = int(bad["req_step"].min())
+            at = bad[bad["req_step"] == first]
+            conv_rows = sorted({i for rows in at["conv_rows"] for i in rows})
+            bad_ssm = bad[bad["kind"] == "ssm"]["req_step"]
+            rec.update(first_step=first, kinds=sorted(at["kind"].unique()),
+                       layers=sorted(at["layer"].unique()), conv_rows=conv_rows,
+                       magnitude=float(at["magnitude"].max()),
+                       nan_or_inf=bool((at[[c for c in ("nan_b", "inf_b") if c in at]].fillna(0)
+                                        .to_numpy() > 0).any()),
+                       ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
+                       events=_events(run, rec["req_id"],
+                                      list(range(max(0, first - EVENT_WINDOW), first + 1))))
+        if isinstance(rec["magnitude"], float) and math.isinf(rec["magnitude"]):
+            rec["magnitude"] = "inf"  # JSON has no infinity
+        report.requests.append(rec)
+    report.requests.sort(key=lambda r: (r["first_step"] is None, r["first_step"] or 0, r["req_id"]))
+    return report
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+def diverge_command(args: argparse.Namespace) -> int:
+    report = divergence_report(args.run, args.reference, rtol=args.rtol)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
+              f"({report.run} vs {report.reference})")
+        if report.requests:
+            print(report.table().to_string(index=False))
+    return 0
+
+
+def add_diverge_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("diverge", help="where a capture run first departs from a reference run")
+    p.add_argument("run", help="capture run directory")
+    p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=diverge_command)
