@@ -44,6 +44,7 @@ NEEDLES = {
                       "Qwen3_5MTP", "CPUModelRunner"),
     "01_reproduce": ("prefix_cache_engaged", "PLANTED FAULT", "corruption detected"),
     "02_config_matrix": ("ASYNC SCHEDULING FORCED OFF", "failure rate"),
+    "04_where_state_diverges": ("EMULATED", "H-copy"),
     "05_bisect_builds": ("SIMULATED",),
 }
 

@@ -165,10 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     from statescope.cli_capture import add_capture_subcommands
     from statescope.racecheck import add_racecheck_subcommand
 
+    from statescope.diverge import add_diverge_subcommand
     from statescope.bisect import add_bisect_subcommands
     from statescope.builds import add_build_subcommands
 
     add_capture_subcommands(sub)
+    add_diverge_subcommand(sub)
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
     add_bisect_subcommands(sub)
