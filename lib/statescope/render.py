@@ -44,8 +44,15 @@ def sync_pair(py_path: Path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    jupytext.write(nb, py_path.with_suffix(".ipynb"), fmt="ipynb")
+    ipynb = py_path.with_suffix(".ipynb")
+    # Rewrite only when the cells changed: a rewrite draws new cell ids and dirties the checkout.
+    if not ipynb.exists() or _cells(jupytext.read(ipynb)) != _cells(nb):
+        jupytext.write(nb, ipynb, fmt="ipynb")
     return nb
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+    return [(c.cell_type, c.source) for c in nb.cells]
 
 
 def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800) -> dict:
