@@ -3,12 +3,13 @@
 # data/results/gpu/ (see its README.md and docs/gpu.md).
 #
 # Here, once, no device time (about 3-10 minutes on 2 busy cores):
-#     /work/shared/gpu/prepare.sh /work/main        # -> .gpu1 .gpu2 .gpu3 (git-ignored chunks)
+#     ../shared/gpu/prepare.sh .                    # -> .gpu1 .gpu2 .gpu3 (git-ignored chunks)
 # Then three device `run` calls, back to back (the machine is given back 30 s after a call ends):
-#     1. carry [".gpu1"]:  mkdir -p /tmp/pl && cp .gpu1/* /tmp/pl/
-#     2. carry [".gpu2"]:  mkdir -p /tmp/pl && cp .gpu2/* /tmp/pl/
+#     1. carry [".gpu1"]:  the recipe's first command (copies the chunk into its payload folder)
+#     2. carry [".gpu2"]:  the recipe's second command (see ../shared/gpu/README.md)
 #     3. carry [".gpu3"]:  bash scripts/gpu_run.sh
-# Call 3 is this script: it installs vLLM 0.26.0 into /tmp/site, runs scripts/gpu_racecheck.py and
+# Call 3 is this script: it installs vLLM 0.26.0 (the recipe's installer, into the device's temp
+# folder), runs scripts/gpu_racecheck.py and
 # then the `statescope racecheck` CLI entry for the tiny preset, writing everything under $OUT.
 # Copy the returned small files into data/results/gpu/.
 #
@@ -23,7 +24,8 @@
 set -uo pipefail
 out=${OUT:?run this on the device machine, where OUT is set}
 bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 3; }
-. /tmp/site/vllm-env.sh
+# The recipe's installer writes its environment file into the device's temp folder.
+. "$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site/vllm-env.sh"
 export PYTHONPATH="$PWD/lib:$PYTHONPATH" PYTHONUNBUFFERED=1
 export VLLM_LOGGING_LEVEL=WARNING VLLM_LOGGING_STREAM=ext://sys.stderr
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
