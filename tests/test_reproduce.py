@@ -51,6 +51,8 @@ def test_planted_nan_state_is_detected(tmp_path, trace, control_run):
     bad = [l for l in res.trigger_labels if l["failed"]]
     assert len(bad) == len(trace) and all("bang_run" in l["reasons"] for l in bad)
     assert "PLANTED FAULT" in res.verdict.explanation
+    seq = res.to_dict()["sequential"]  # a bad arm: the SPRT stops at its first failure
+    assert seq["decision"] == "accept_h1" and seq["units_used"] == 1
     faults = (tmp_path / "nan" / "trigger" / "faults.jsonl").read_text().splitlines()
     assert faults and all(json.loads(f)["planted"] for f in faults)
 
@@ -62,6 +64,8 @@ def test_no_fault_no_evidence_and_engaged(tmp_path, trace, control_run):
     assert res.trigger.metrics["prefix_cache_hits"] > 0
     assert res.trigger.metrics["spec_accepted_tokens"] > 0
     assert all(g.passed for g in res.verdict.guards)
+    seq = res.to_dict()["sequential"]  # 4 clean episodes are far from the ~52 needed
+    assert seq["decision"] == "continue" and seq["units_used"] == 4 == seq["units_available"]
 
 
 def test_trigger_without_prefix_cache_is_not_exercised(tmp_path, trace, control_run):

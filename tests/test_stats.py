@@ -270,3 +270,14 @@ def test_verdict_html():
     g = decide(_trigger(prefix_cache_hits=0), _control())._repr_html_()
     assert GEOMETRY_NOT_EXERCISED in g and "FAIL" in g
     assert isinstance(v, Verdict)
+
+
+def test_sequential_decision_replays_units_in_order():
+    from statescope.reproduce import sequential_decision
+
+    clean = [{"episode": f"e{i}", "step": 0, "failed": False, "lifetime": 0} for i in range(60)]
+    seq = sequential_decision(clean, "episode")
+    assert seq["decision"] == "accept_h0" and seq["units_used"] == 52
+    bad = clean[:3] + [{"episode": "x", "step": 0, "failed": True, "lifetime": 0}] + clean[3:]
+    seq = sequential_decision(bad, "episode")
+    assert seq["decision"] == "accept_h1" and seq["units_used"] == 4 and seq["failures"] == 1

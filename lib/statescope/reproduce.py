@@ -194,6 +194,25 @@ def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
                       expect_spec=run.arm.expect_spec, n_requests=len(labels))
 
 
+def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
+                        alpha: float = 0.05, beta: float = 0.05) -> dict:
+    """Replay the trigger's units in completion order through Wald's SPRT: where a sequential run
+    would have stopped (first failure for a bad arm; ~52 clean units for a good one)."""
+    from statescope.stats import SPRT
+
+    key = {"request": lambda l: (l["episode"], l["step"]), "episode": lambda l: l["episode"],
+           "engine_lifetime": lambda l: l["lifetime"]}[unit]
+    units: dict = {}
+    for l in labels:
+        units[key(l)] = units.get(key(l), False) or l["failed"]
+    test = SPRT(p0, p1, alpha, beta)
+    for failed in units.values():
+        if test.update(failed) != "continue":
+            break
+    return {"decision": test.decision, "units_used": test.n, "failures": test.k,
+            "units_available": len(units), "p0": p0, "p1": p1, "alpha": alpha, "beta": beta}
+
+
 @dataclass
 class ReproduceResult:
     verdict: Verdict
@@ -214,13 +233,17 @@ class ReproduceResult:
     def to_dict(self) -> dict:
         d = self.verdict.to_dict()
         d["labels"] = {"trigger": self.trigger.arm.labels, "control": self.control.arm.labels}
+        d["sequential"] = sequential_decision(self.trigger_labels, self.verdict.unit)
         d["run_dir"] = str(self.run_dir)
         return d
 
     def _repr_html_(self) -> str:
         labels = self.trigger.arm.labels + self.control.arm.labels
         banner = "".join(f"<p style='color:#b00;font-weight:bold'>{l}</p>" for l in labels)
-        return banner + self.verdict._repr_html_()
+        seq = sequential_decision(self.trigger_labels, self.verdict.unit)
+        note = (f"<p>Sequential test (SPRT p0={seq['p0']}, p1={seq['p1']}): {seq['decision']} after "
+                f"{seq['units_used']} of {seq['units_available']} {self.verdict.unit}s.</p>")
+        return banner + self.verdict._repr_html_() + note
 
 
 def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
