@@ -176,7 +176,8 @@ def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
     return out
 
 
-def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
+def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
+    """Unit of independence -> failed?, in first-seen order (a unit fails if any request did)."""
     if unit not in UNITS:
         raise InputError(f"unit={unit!r}: expected one of {UNITS}")
     key = {"request": lambda l: (l["episode"], l["step"]), "episode": lambda l: l["episode"],
@@ -184,6 +185,11 @@ def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
     units: dict[Any, bool] = {}
     for l in labels:
         units[key(l)] = units.get(key(l), False) or l["failed"]
+    return units
+
+
+def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
+    units = failed_units(labels, unit)
     m = run.metrics
     return ArmSummary(name=run.arm.name, n_units=len(units), n_failed_units=sum(units.values()),
                       unit=unit, prefix_cache_queries=m.get("prefix_cache_queries", 0),
@@ -200,11 +206,7 @@ def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: fl
     would have stopped (first failure for a bad arm; ~52 clean units for a good one)."""
     from statescope.stats import SPRT
 
-    key = {"request": lambda l: (l["episode"], l["step"]), "episode": lambda l: l["episode"],
-           "engine_lifetime": lambda l: l["lifetime"]}[unit]
-    units: dict = {}
-    for l in labels:
-        units[key(l)] = units.get(key(l), False) or l["failed"]
+    units = failed_units(labels, unit)
     test = SPRT(p0, p1, alpha, beta)
     for failed in units.values():
         if test.update(failed) != "continue":
