@@ -1,0 +1,67 @@
+"""Static images of plotly figures: one PNG export with a timeout and a clear fallback.
+
+What it does: `save_png(fig, path)` writes a PNG through plotly + kaleido, pointing kaleido at
+Debian's `chromium` (kaleido needs a Chrome; nothing is downloaded at run time). When kaleido or a
+Chrome is missing, or the export exceeds its timeout, it returns None and records why in
+`last_export_error`, so a report can say "figure not exported: <why>" instead of crashing.
+
+What it deliberately does not do: install a browser, or render HTML (see statescope.render).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+CHROME_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+last_export_error: str | None = None
+
+
+def chrome_path() -> str | None:
+    """The Chrome/Chromium kaleido will use: $BROWSER_PATH, else the first one on PATH."""
+    env = os.environ.get("BROWSER_PATH")
+    if env and Path(env).exists():
+        return env
+    for name in CHROME_CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def save_png(fig: Any, path: str | Path, *, timeout_s: float = 60.0, scale: float = 1.0) -> Path | None:
+    """Write `fig` as a PNG at `path`; None (and `last_export_error` set) when it cannot."""
+    global last_export_error
+    path = Path(path)
+    chrome = chrome_path()
+    if chrome is None:
+        last_export_error = "no Chrome/Chromium found (install Debian's `chromium`, or set BROWSER_PATH)"
+        return None
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        last_export_error = "kaleido is not installed (pip install kaleido)"
+        return None
+    os.environ.setdefault("BROWSER_PATH", chrome)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    outcome: dict[str, BaseException | None] = {"error": None}
+
+    def export() -> None:
+        try:
+            fig.write_image(str(path), format="png", scale=scale)
+        except BaseException as exc:  # reported, never raised: a figure export must not kill a report
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=export, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        last_export_error = f"PNG export took longer than {timeout_s:.0f} s (Chrome at {chrome})"
+        return None
+    if outcome["error"] is not None:
+        last_export_error = f"PNG export failed: {type(outcome['error']).__name__}: {outcome['error']}"
+        return None
+    last_export_error = None
+    return path
