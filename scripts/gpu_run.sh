@@ -21,11 +21,51 @@
 # torch 2.13, which the device lacks, so it cannot be installed there).
 # Round 3 (again a fresh machine, calls 1 and 2, then the same carry):  bash scripts/gpu_run.sh round3
 # only the fused kernels (0.26.0 installed, 0.28.0 from source), 10^6 in-place shifts per row size.
+#
+# End-to-end rounds (issues 7 and 8: statescope's arms, capture overhead, kernel agreement, the build
+# decision; scripts/gpu_e2e.py), one lease, four or five calls back to back:
+#     1-2. carry [".gpu1"], then [".gpu2"] as above
+#     3.   carry [".gpu3"]:  bash scripts/gpu_run.sh e2e_a      # installs, then job A (<= 570 s)
+#     4.   no carry:         bash scripts/gpu_run.sh e2e_b      # the same machine: job B
+#     5.   no carry:         bash scripts/gpu_run.sh e2e_c      # if device time is left: job C
+# Job Q (what was run on 2026-11-30, when most of the session's device time had gone elsewhere): the
+# kernel agreement, the build decision, then the tiny model's arms as time allows (E2E_BUDGET_S sets
+# its length). Its arms failed to load tiny-gui (fixed in statescope.gpu_compat); the trigger arm
+# then ran alone, eager, as call 5 (no carry, the same machine):   bash scripts/gpu_run.sh e2e_r
+# Collect here: .venv/bin/python scripts/gpu_collect.py <returned folders> --manifest-extra FILE
+# CPU shake-out of the kernel-agreement and decision parts needs 0.26.0's mamba_utils.py here (never
+# committed):  cat .gpu1/part.0 .gpu2/part.1 .gpu3/part.2 | tar xO vllm.tar.xz | tar xJO
+#   ./vllm/v1/worker/mamba_utils.py > .gpu_src/mamba_utils_0.26.0.py
+# Each writes jobX.log, parts_X.jsonl, arms_X.jsonl, store/<run>/records.jsonl + manifest.json and the
+# trigger's capture archive under $OUT (at most 8 files come back per call).
 set -uo pipefail
 out=${OUT:?run this on the device machine, where OUT is set}
+site="$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site"
+case "${1:-}" in
+  e2e_r)
+    . "$site/vllm-env.sh"
+    export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
+    timeout 135 python3 scripts/gpu_e2e.py arm --model data/models/tiny-gui --label tiny-gui --arm trigger \
+      --out "$out" --job R --capture --sweep --eager --seeds 2 >"$out/jobR.log" 2>&1
+    rc=$?; echo "rc=$rc"; exit $rc;;
+  e2e_a|e2e_b|e2e_c|e2e_q)
+    job=$(echo "${1#e2e_}" | tr a-z A-Z)
+    if [ ! -f "$site/vllm-env.sh" ]; then
+      bash .gpu3/install_on_device.sh >>"$out/job$job.log" 2>&1 || { tail -20 "$out/job$job.log"; exit 3; }
+    fi
+    . "$site/vllm-env.sh"
+    export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 STATESCOPE_CAPTURE_STRICT=0
+    export VLLM_LOGGING_LEVEL=WARNING VLLM_LOGGING_STREAM=ext://sys.stderr
+    budget=${E2E_BUDGET_S:-545}
+    python3 scripts/gpu_e2e.py job "$job" --out "$out" --budget-s "$budget" >>"$out/job$job.log" 2>&1
+    rc=$?
+    grep -E '^\[[0-9:]+\] (part|arm)' "$out/job$job.log"
+    echo "gpu_e2e.py job $job exit $rc"
+    exit $rc;;
+esac
 bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { cat "$out/install.log"; exit 3; }
 # The recipe's installer writes its environment file into the device's temp folder.
-. "$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site/vllm-env.sh"
+. "$site/vllm-env.sh"
 export PYTHONPATH="$PWD/lib:$PYTHONPATH" PYTHONUNBUFFERED=1
 export VLLM_LOGGING_LEVEL=WARNING VLLM_LOGGING_STREAM=ext://sys.stderr
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1

@@ -1,0 +1,51 @@
+"""Turn what the device returned into data/results/gpu/e2e/ (no device time; run here).
+
+    .venv/bin/python scripts/gpu_collect.py RETURNED_DIR [RETURNED_DIR ...] --manifest-extra FILE.json
+
+Copies each returned folder through ``statescope.gpu_results.collect`` (records compacted, logs cut),
+then writes ``verdicts.json`` (``gpu_results.verdict_table``: recomputed from the records with
+``reproduce.label_rows``/``summarize`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
+counters, kernel agreement, the build decision, overhead) and ``manifest.json`` (versions, GPU and
+driver read from the jobs' environment parts, plus the commands and device seconds given in
+``--manifest-extra``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+
+
+def main() -> int:
+    from statescope import gpu_results as gr
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("returned", nargs="*")
+    p.add_argument("--manifest-extra", required=True)
+    a = p.parse_args()
+    dest = gr.E2E_DIR
+    for d in a.returned:
+        print(d, gr.collect(d, dest))
+    (dest / "verdicts.json").write_text(json.dumps(gr.verdict_table(), indent=1) + "\n")
+    summary = {"trigger": gr.trigger_summary(), "guards_from_vllm_counters": gr.guard_table(),
+               "kernel_agreement": gr.kernel_table(), "decision": gr.decision_summary(),
+               "overhead": gr.overhead_table(), "sweep": gr.sweep_table()}
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    env = [x["result"] for x in gr.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
+    if not env:
+        raise SystemExit("no environment part in the returned files")
+    e = env[-1]
+    manifest = {"vllm": e["vllm"], "torch": e["torch"], "triton": e["triton"], "python": e["python"],
+                "gpu": e["gpu"], "gpu_mem_mib": e["gpu_mem_mib"], "sms": e["sms"], "cuda": e["cuda"],
+                "driver": e["nvidia_smi"].split(", ")[1], "nvidia_smi": e["nvidia_smi"]}
+    manifest.update(json.loads(Path(a.manifest_extra).read_text()))
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(json.dumps(gr.verdict_table(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
