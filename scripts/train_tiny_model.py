@@ -1,16 +1,20 @@
 """Train the tiny GUI-agent model (tokenizer -> base -> MTP head), save it, and measure it.
 
-What it does: deterministic from --seed and --threads (same torch build): trains the BPE tokenizer on
-guilang text, the 4-layer Qwen3.5 base model (transformers' PyTorch implementation) with a weighted
-next-token loss (answer tokens 1.0, prompt tokens 0.2), then the MTP head on the frozen base; writes
-the bf16 model dir with train_log.jsonl and metrics.json. Metrics (held-out episodes, bf16-rounded
-weights run in float32): greedy validity/correctness, near-tie fraction of greedy output tokens,
-MTP acceptance (k=2, simulated exactly as vLLM's draft/verify loop would accept on greedy output),
-and sensitivity of the rest of an answer to a corrupted GDN conv window / recurrent state.
+What it does: deterministic from --seed (same torch build, thread count and device): trains the BPE
+tokenizer on guilang text; the 4-layer Qwen3.5 base model (transformers' PyTorch implementation):
+first ``--copy-warmup`` dense copy steps (``tiny_data.copy_batch``: random strings repeated once,
+which forms the copy circuit the answers need), then the short-to-long guilang curriculum
+(``tiny_data.batch``: answers and screen values weigh 1, other prompt tokens ``--context-weight``);
+then the MTP head on the frozen base. Writes the bf16 model dir with train_log.jsonl and
+metrics.json. Metrics (held-out episodes, bf16-rounded weights run in float32): greedy
+validity/correctness, near-tie fraction of greedy output tokens, MTP acceptance (k=2, simulated as
+vLLM's draft/verify loop accepts on greedy output), and sensitivity of the rest of an answer to a
+corrupted GDN conv window / recurrent state (by mode and by layer).
 
-What it deliberately does not do: run vLLM (the engine tests measure acceptance there).
+What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it there).
 
-  OMP_NUM_THREADS=1 python scripts/train_tiny_model.py --out data/models/tiny-gui
+  OMP_NUM_THREADS=2 python scripts/train_tiny_model.py --threads 2 --base-steps 550 --out DIR
+  python scripts/train_tiny_model.py --device cuda --base-steps 550 --out DIR   # how tiny-gui was made
   python scripts/train_tiny_model.py --eval-only --out data/models/tiny-gui
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -25,29 +30,11 @@ from pathlib import Path
 import torch
 
 from statescope import guilang
+from statescope import tiny_data
 from statescope import tinymodel as tm
 
-TRAIN_STEPS = (3, 10)      # n_steps range of training episodes
 EVAL_SEED0 = 10_000_000    # held-out episode seeds start here (training seeds are < 1e6)
 NEAR_TIE = 0.1
-
-
-def batch(tok, step: int, seed: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Episodes of one length class (little padding): ids [B, T] and loss weights [B, T]."""
-    rng = random.Random(seed * 7919 + step)
-    n = rng.randint(*TRAIN_STEPS)
-    encs = [tm.encode_episode(tok, guilang.generate_episode(step * size + i + seed * 100_000, n))
-            for i in range(size)]
-    t = max(len(ids) for ids, _ in encs)
-    pad = tok.token_to_id("<|endoftext|>")
-    ids = torch.full((size, t), pad, dtype=torch.long)
-    ans = torch.zeros(size, t, dtype=torch.bool)
-    valid = torch.zeros(size, t)
-    for b, (i, a) in enumerate(encs):
-        ids[b, :len(i)] = torch.tensor(i)
-        ans[b, :len(a)] = torch.tensor(a)
-        valid[b, :len(i)] = 1
-    return ids, tm.token_weights(ans, valid)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 20) -> float:
@@ -56,7 +43,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 20) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
 
 
-def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str) -> None:
+def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str, probe=None) -> None:
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     t0 = time.time()
     for step in range(steps):
@@ -68,10 +55,14 @@ def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str) -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % 10 == 0 or step == steps - 1:
-            log({"phase": tag, "step": step, "loss": round(loss.item(), 5), "s": round(time.time() - t0, 1)})
+            rec = {"phase": tag, "step": step, "loss": round(loss.item(), 5), "s": round(time.time() - t0, 1)}
+            if probe is not None and (step % 100 == 0 or step == steps - 1):
+                rec["probe"] = probe()
+            log(rec)
 
 
-def train(out: Path, seed: int, base_steps: int, mtp_steps: int, bsz: int, lr: float) -> dict:
+def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr: float,
+          context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150) -> dict:
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.jsonl").open("w")
@@ -86,37 +77,77 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, bsz: int, lr: f
              for s in range(400) for n in (3, 6, 9, 12)]
     tok = tm.train_tokenizer(texts, vocab_size=1024)
     cfg = tm.model_config(tok)
-    base = tm.new_base_model(cfg, seed)
+    base = tm.new_base_model(cfg, seed).to(device)
     log({"phase": "setup", "vocab": tok.get_vocab_size(), "params": sum(p.numel() for p in base.parameters()),
          "threads": torch.get_num_threads(), "torch": torch.__version__})
     base.train()
-    train_loop(list(base.parameters()), lambda s: tm.base_loss(base, *batch(tok, s, seed, bsz)),
-               base_steps, lr, log, "base")
+
+    n_text = tok.get_vocab_size() - 3  # the specials are the last 3 ids
+
+    def base_step(s: int) -> torch.Tensor:
+        if s < warmup:
+            ids, w = tiny_data.copy_batch(s, seed, budget, n_text)
+        else:
+            ids, w, _ = tiny_data.batch(tok, s - warmup, base_steps - warmup, seed, budget, context_weight)
+        return tm.base_loss(base, ids.to(device), w.to(device))
+
+    probe = (lambda: teacher_forced(base, tok, 12, device)) if probe_every else None
+    train_loop(list(base.parameters()), base_step, base_steps, lr, log, "base", probe)
     base_s = time.time() - t0
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
     torch.manual_seed(seed + 1)
-    mtp = tm.MTPHead(base.config)
+    mtp = tm.MTPHead(base.config).to(device)
     # Start the MTP decoder layer from the base attention layer: same shapes, a sensible start.
     attn_idx = cfg["layer_types"].index("full_attention")
     mtp.layers[0].load_state_dict(base.model.layers[attn_idx].state_dict())
 
     def mtp_step(s: int) -> torch.Tensor:
-        ids, w = batch(tok, 50_000 + s, seed, bsz)
+        ids, w, _ = tiny_data.batch(tok, 50_000 + s, 50_000 + mtp_steps, seed, budget, context_weight)
+        ids, w = ids.to(device), w.to(device)
         with torch.no_grad():
             hidden = base.model(input_ids=ids).last_hidden_state
         return tm.mtp_loss(base, mtp, ids, w, hidden)
 
     train_loop(list(mtp.parameters()), mtp_step, mtp_steps, lr, log, "mtp")
     total_s = time.time() - t0
-    note = f"guilang seed={seed} base_steps={base_steps} mtp_steps={mtp_steps} batch={bsz} lr={lr}"
-    tm.save_model_dir(out, cfg, base, mtp, tok, note)
+    note = (f"guilang seed={seed} copy_warmup={warmup} base_steps={base_steps} mtp_steps={mtp_steps} tokens/batch={budget} "
+            f"lr={lr} context_weight={context_weight}")
+    tm.save_model_dir(out, cfg, base.cpu(), mtp.cpu(), tok, note)
     log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
     log_file.close()
     return {"train_seconds": round(total_s, 1), "base_seconds": round(base_s, 1), "seed": seed,
-            "base_steps": base_steps, "mtp_steps": mtp_steps, "batch": bsz, "lr": lr,
-            "threads": torch.get_num_threads()}
+            "base_steps": base_steps, "mtp_steps": mtp_steps, "tokens_per_batch": budget, "lr": lr,
+            "context_weight": context_weight, "copy_warmup_steps": warmup, "threads": torch.get_num_threads()}
+
+
+def teacher_forced(base, tok, n_episodes: int, device: str = "cpu") -> dict:
+    """Fraction of held-out answers whose every token is the argmax given the gold prefix, by kind
+    (a cheap training probe; the real metrics decode greedily)."""
+    was = base.training
+    base.eval()
+    by_kind: dict[str, list[int]] = {}
+    with torch.no_grad():
+        for e in range(n_episodes):
+            ep = guilang.generate_episode(EVAL_SEED0 + 5_000 + e, 3 + e % 10)
+            ids, ans = tm.encode_episode(tok, ep)
+            pred = base(input_ids=torch.tensor([ids], device=device)).logits[0].argmax(-1).cpu()
+            runs, cur = [], []
+            for i, a in enumerate(ans):
+                if a:
+                    cur.append(int(pred[i - 1]) == ids[i])
+                elif cur:
+                    runs.append(all(cur))
+                    cur = []
+            for step, ok in zip(ep.steps, runs):
+                by_kind.setdefault(step.kind, [0, 0])
+                by_kind[step.kind][0] += ok
+                by_kind[step.kind][1] += 1
+    base.train(was)
+    right = sum(c for c, _ in by_kind.values())
+    return {"all": round(right / sum(n for _, n in by_kind.values()), 3),
+            **{k: f"{c}/{n}" for k, (c, n) in sorted(by_kind.items())}}
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -223,6 +254,7 @@ def sensitivity(base, prompts, eos: int, trials: int, eq: int) -> dict:
     rng = random.Random(1234)
     cands = [(p, g, _id_index(g, eq)) for p, g in prompts if _id_index(g, eq) is not None]
     res: dict[str, list[int]] = {}
+    by_layer: dict[str, list[int]] = {}
     for trial in range(trials):
         (prompt, gold, k), (other, ogold, ok) = rng.sample(cands, 2)
         layer, part, mode = rng.choice(gdn), ("conv", "recurrent")[trial % 2], ("zero", "swap")[trial // 2 % 2]
@@ -248,9 +280,11 @@ def sensitivity(base, prompts, eos: int, trials: int, eq: int) -> dict:
                 logits = out.logits[0, -1]
             runs.append(toks)
         res.setdefault(f"{part}_{mode}", []).append(int(runs[0] != runs[1]))
+        by_layer.setdefault(f"layer{layer}_{part}", []).append(int(runs[0] != runs[1]))
     flat = [v for vs in res.values() for v in vs]
     return {"sensitivity_changed_fraction": sum(flat) / len(flat),
             "sensitivity_by_mode": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(res.items())},
+            "sensitivity_by_layer": {k: f"{sum(v)}/{len(v)}" for k, v in sorted(by_layer.items())},
             "sensitivity_trials": len(flat)}
 
 
@@ -258,21 +292,35 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("data/models/tiny-gui"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--base-steps", type=int, default=480)
+    ap.add_argument("--base-steps", type=int, default=550)
     ap.add_argument("--mtp-steps", type=int, default=120)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=4096, help="token budget of one batch")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--context-weight", type=float, default=0.1)
+    ap.add_argument("--copy-warmup", type=int, default=150, help="dense copy steps before guilang")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (how the committed model was trained)")
+    ap.add_argument("--probe", action="store_true", help="log teacher-forced accuracy every 100 steps")
     ap.add_argument("--eval-episodes", type=int, default=60)
+    ap.add_argument("--sens-trials", type=int, default=60)
     ap.add_argument("--eval-only", action="store_true")
+    ap.add_argument("--no-eval", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device != "cpu":  # bit-for-bit on one GPU + torch build too (CUBLAS_WORKSPACE_CONFIG)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     metrics_file = args.out / "metrics.json"
     metrics = json.loads(metrics_file.read_text()) if args.eval_only and metrics_file.exists() else {}
     if not args.eval_only:
-        metrics = {"training": train(args.out, args.seed, args.base_steps, args.mtp_steps, args.batch, args.lr)}
+        metrics = {"training": train(args.out, args.seed, args.base_steps, args.mtp_steps, args.tokens,
+                                     args.lr, args.context_weight, args.device, args.probe,
+                                     args.copy_warmup)}
+        metrics_file.write_text(json.dumps(metrics, indent=1))
+    if args.no_eval:
+        return
     t = time.time()
-    metrics["eval"] = evaluate(args.out, args.eval_episodes)
+    metrics["eval"] = evaluate(args.out, args.eval_episodes, args.sens_trials)
     metrics["eval"]["eval_seconds"] = round(time.time() - t, 1)
     metrics_file.write_text(json.dumps(metrics, indent=1))
     print(json.dumps(metrics, indent=1))

@@ -11,9 +11,11 @@ LINE = re.compile(r'(textbox|button|text) "([^"]*)"(?: value="([^"]*)")?( focuse
 
 def solve(goal: str, observation: str) -> str:
     """An independent solver written from the rule list in the module docstring."""
-    values = dict(re.findall(r"(\w+)=(\w+)", goal.split(":", 1)[1]))
+    text = re.search(r'with text="(\w+)"', goal).group(1)
     submit = re.search(r"then press (\w+)\.", goal).group(1)
     lines = observation.splitlines()
+    # the focus line (last) names the first empty textbox, else the default button, else nothing
+    focus = re.fullmatch(r'focused: (textbox|button) "(\w+)" at\(id=(\d+)\)', lines[-1])
     if any(line.startswith("dialog ") for line in lines):
         return "key(esc)"
     if lines[0].endswith("submitted"):
@@ -26,9 +28,13 @@ def solve(goal: str, observation: str) -> str:
             widgets.append((wid, role, label, value))
             assert bool(focused) == (role == "textbox" and value == "" and
                                      not any(r == "textbox" and v == "" for _, r, _, v in widgets[:-1]))
+    empty = [(w, lab) for w, r, lab, v in widgets if r == "textbox" and v == ""]
+    default = [(w, lab) for w, r, lab, _ in widgets if r == "button" and lab in (submit, "Next")]
+    want_focus = (empty or default or [None])[0]
+    assert (focus.group(3), focus.group(2)) == want_focus if focus else want_focus is None, lines[-1]
     for wid, role, label, value in widgets:
         if role == "textbox" and value == "":
-            return f'type(id={wid}, text="{values[label]}")'
+            return f'type(id={wid}, text="{text}")'
     for wid, role, label, _ in widgets:
         if role == "button" and label == submit:
             return f"click(id={wid})"
@@ -114,3 +120,28 @@ def test_parse_and_grade():
     assert g.grade(step.action, step) == {"valid": True, "correct": True}
     assert g.grade("done()", step) == {"valid": True, "correct": False}
     assert g.grade("!!!!", step) == {"valid": False, "correct": False}
+
+
+def test_kept_steps_transcript_is_a_well_formed_shorter_conversation():
+    ep = g.generate_episode(9, 8)
+    whole = g.transcript_segments(ep)
+    short = g.transcript_segments(ep, keep=[0, 3, 7])
+    assert sum(a for _, a in short) == 3 and sum(a for _, a in whole) == 8
+    answers = [t for t, a in short if a]
+    assert answers == [ep.steps[i].action + "<|im_end|>" for i in (0, 3, 7)]
+    text = "".join(t for t, _ in short)
+    assert text.count("Goal:") == 1 and ep.steps[3].observation in text
+    assert ep.steps[1].observation not in text
+    for bad in ([], [1, 2], [0, 0], [3, 0], [0, 8]):
+        with pytest.raises(ValueError):
+            g.transcript_segments(ep, keep=bad)
+
+
+def test_goal_text_is_written_as_the_answers_write_it():
+    """The value is copied verbatim: the goal says text="v", every type action says text="v"."""
+    for seed in range(20):
+        ep = g.generate_episode(seed, 10)
+        value = re.search(r'text="(\w+)"', ep.goal).group(1)
+        assert {v for _, v in ep.fields} == {value}
+        typed = [s for s in ep.steps if s.kind == "type"]
+        assert typed and all(s.action.endswith(f'text="{value}")') for s in typed)

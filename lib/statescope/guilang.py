@@ -1,21 +1,24 @@
 """A synthetic GUI-agent language small enough for a tiny model to learn, and to be graded on.
 
 What it does: generates deterministic multi-step "fill a form" episodes. The first user turn states
-a goal (which value goes into which field, and which button submits); every step shows one
+a goal (which fields to fill with which text value, and which button submits); every step shows one
 observation (window title + an accessibility-tree-like widget list with ids, labels, values and
 coordinates) and has exactly one correct action, a deterministic function of the observation and the
 goal:
 
 1. a dialog is open                         -> ``key(esc)``
 2. the window says the form was submitted   -> ``done()``
-3. a visible textbox is empty               -> ``type(id=<first empty>, text="<goal value>")``
+3. a visible textbox is empty               -> ``type(id=<first empty>, text="<the goal's text>")``
    (the first empty textbox is the one rendered ``focused``)
 4. the goal's submit button is visible      -> ``click(id=<that button>)``
 5. the page continues below the viewport    -> ``scroll(down)``
 6. otherwise                                -> ``click(id=<"Next" button>)``
 
-Rules 3 and 4 need the goal from the start of the episode (long memory); the ids come from the
-current observation. ``render_prompt`` gives the growing shared-prefix prompt (system, goal + first
+Like an app's keyboard focus, the observation's last line ``focused: <role> "<label>" at(id=N)`` names
+the first empty textbox, else the default button (the goal's submit button, or "Next"); a view to
+be scrolled has none. So the id to act on is a short-range copy (carried by the GDN recurrent
+state across the turn boundary), while the value to type must be recalled from the goal in the
+first user turn (long memory). ``render_prompt`` gives the growing shared-prefix prompt (system, goal + first
 observation, then action/observation turns), ``render_messages`` the same as OpenAI chat messages.
 Each step also carries 1-3 deterministic screenshot specs (size + widgets drawn) for a renderer.
 
@@ -127,13 +130,16 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
     app, form = rng.choice(APPS), rng.choice(FORMS)
     labels = rng.sample(LABELS, n_fields)
     values = [rng.choice(VALUES) for _ in labels]
+    # One text value for every field, written in the goal exactly as an answer writes it
+    # (text="..."): recalling it is a clean copy from the first user turn, however far back.
+    values = [values[0]] * n_fields
     submit = rng.choice(SUBMIT_BUTTONS)
     ids = iter(rng.sample(range(1, 100), 99))
     goal_order = list(range(n_fields))
     rng.shuffle(goal_order)
     fields = tuple((labels[i], values[i]) for i in goal_order)
-    goal = (f"Goal: in {app}, fill the {form} form: "
-            + ", ".join(f"{lab}={val}" for lab, val in fields) + f", then press {submit}.")
+    goal = (f"Goal: in {app}, fill the {form} form (" + ", ".join(lab for lab, _ in fields)
+            + f') with text="{values[0]}", then press {submit}.')
     value_of = dict(zip(labels, values))
 
     steps: list[Step] = []
@@ -149,6 +155,9 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
             lines.append("(more below)")
         if dialog_widget is not None:
             lines.append(f'dialog "{rng.choice(DIALOGS)}" ' + dialog_widget.line())
+        focus = _focus(widgets, submit)
+        if focus is not None:  # last line, so the id to act on is the most recent "id=N"
+            lines.append(f'focused: {focus.role} "{focus.label}" at(id={focus.wid})')
         shots = _screenshots(len(steps), title, widgets, dialog_widget)
         steps.append(Step(len(steps), "\n".join(lines), action, kind, shots))
 
@@ -201,6 +210,15 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
     emit(f"{app} - {form} submitted", thanks, False, "done()", "done")
     assert len(steps) == n_steps, (len(steps), n_steps)
     return Episode(seed, app, form, goal, fields, submit, tuple(steps))
+
+
+def _focus(widgets: list[Widget], submit: str) -> Widget | None:
+    """The widget holding the keyboard focus: the first empty textbox, else the default button
+    (the goal's submit button, or "Next"), else none (e.g. a view that must be scrolled)."""
+    empty = next((w for w in widgets if w.role == "textbox" and w.value == ""), None)
+    if empty is not None:
+        return empty
+    return next((w for w in widgets if w.role == "button" and w.label in (submit, "Next")), None)
 
 
 def _maybe_dialog(emit, dialog: int, steps: list, title: str, widgets: list, more: bool,
@@ -257,11 +275,20 @@ def render_prompt(episode: Episode, step_index: int) -> str:
         + "<|im_start|>assistant\n"
 
 
-def transcript_segments(episode: Episode) -> list[tuple[str, bool]]:
+def transcript_segments(episode: Episode, keep: list[int] | None = None) -> list[tuple[str, bool]]:
     """The whole episode as (text, is_assistant_answer) pieces; their concatenation is the prompt of
-    the last step followed by its answer. Answers include the closing ``<|im_end|>``."""
+    the last step followed by its answer. Answers include the closing ``<|im_end|>``.
+
+    ``keep`` (sorted step indices, must start with 0, which carries the goal) gives a shorter but
+    still well-formed conversation of only those steps: every kept answer stays correct, because an
+    action depends only on the goal and the current screen."""
+    if keep is not None and (not keep or keep[0] != 0 or sorted(set(keep)) != list(keep)
+                             or keep[-1] >= len(episode.steps)):
+        raise ValueError(f"keep={keep}: expected sorted unique step indices starting at 0")
     segs: list[tuple[str, bool]] = [(_turn("system", SYSTEM_PROMPT), False)]
     for step, user in zip(episode.steps, user_turns(episode)):
+        if keep is not None and step.index not in keep:
+            continue
         segs.append((_turn("user", user) + "<|im_start|>assistant\n", False))
         segs.append((step.action + "<|im_end|>", True))
         segs.append(("\n", False))

@@ -79,6 +79,10 @@ def encode_episode(tok, episode: guilang.Episode) -> tuple[list[int], list[bool]
 def model_config(tok) -> dict:
     """The tiny model's config: the lead's text_config with this tokenizer's vocabulary."""
     cfg = text_config(vocab_size=tok.get_vocab_size())
+    # One linear value head (one float32 SSM state of 64 KiB per layer) and 4 attention KV heads of
+    # 128 (2 KiB of bf16 K+V per token): vLLM-CPU needs only 34 tokens of attention page to cover
+    # a Mamba page, so the resolved block is the backend's minimum, not 384.
+    cfg.update(linear_num_value_heads=1, num_attention_heads=4, num_key_value_heads=4)
     cfg.update(bos_token_id=tok.token_to_id("<|endoftext|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
                pad_token_id=tok.token_to_id("<|endoftext|>"))
     return cfg
@@ -104,8 +108,9 @@ def weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tens
     return (ce * w).sum() / w.sum().clamp_min(1e-9)
 
 
-def token_weights(answer: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return torch.where(answer, ANSWER_WEIGHT, CONTEXT_WEIGHT) * valid
+def token_weights(answer: torch.Tensor, valid: torch.Tensor,
+                  context_weight: float = CONTEXT_WEIGHT) -> torch.Tensor:
+    return torch.where(answer, ANSWER_WEIGHT, context_weight) * valid
 
 
 def base_loss(model, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -178,7 +183,10 @@ def mtp_forward(base, mtp: MTPHead, ids: torch.Tensor, hidden: torch.Tensor,
     attn = mtp.layers[0].self_attn
     n_rep = attn.config.num_attention_heads // attn.config.num_key_value_heads
     pos = torch.arange(t, device=ids.device).expand(b, t)
-    cos, sin = base.model.rotary_emb(hidden, pos)
+    try:
+        cos, sin = base.model.rotary_emb(hidden, pos)
+    except IndexError:  # older transformers (5.17) want multimodal (3, B, T) position ids
+        cos, sin = base.model.rotary_emb(hidden, pos[None].expand(3, b, t))
     x1 = mtp.project(emb(ids[:, 1:]), hidden[:, :-1])  # positions 0..T-2
     q1, g1, k1, v1 = mtp.qkv(x1, cos[:, :-1], sin[:, :-1])
     causal = torch.ones(t - 1, t - 1, dtype=torch.bool, device=ids.device).tril()
