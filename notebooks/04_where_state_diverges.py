@@ -120,3 +120,15 @@ len(divergence_report(again.path, reference.path).diverged)
 
 # %%
 engine.close()
+
+# %% [markdown]
+# ## 5 · Beyond step-by-step digests
+#
+# This notebook compares two runs of the *same* configuration step by step. The digests must
+# then match exactly. To compare configurations whose steps differ (MTP against no MTP, a
+# prefix hit against a cold prefill), compare **by token position** instead. Use a replay of the
+# run's own tokens through a clean configuration (`statescope.replay`), or the float64 oracle.
+# Measure the tolerance from re-batched clean runs (`statescope.noise`). Then report the first
+# divergence in tolerance units (`statescope.diverge_positions`). Notebook
+# `06_hypotheses` does all of this, with one numbered check per hypothesis. From the command line:
+# `statescope diverge RUN --reference REF --by-position --noise CLEAN_RUN`.

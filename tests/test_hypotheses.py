@@ -15,9 +15,10 @@ import pytest
 import statescope  # noqa: F401
 from statescope.diverge import add_diverge_subcommand, divergence_report
 from statescope.errors import InputError
-from statescope.hypotheses import (CONTRADICTS, NOT_EXERCISED, SUPPORTS, RunContext,
+from statescope.hypotheses import (CONTRADICTS, NOT_EXERCISED, SCORERS, SUPPORTS, RunContext,
                                    hypothesis_table, score_accept, score_copy, score_drop,
-                                   score_empty, score_midblock, score_reorder, score_split)
+                                   score_empty, score_lostcopy, score_midblock, score_reorder,
+                                   score_split)
 
 LAYERS = ["model.layers.0.linear_attn", "model.layers.1.linear_attn", "model.layers.2.linear_attn"]
 
@@ -57,6 +58,39 @@ def test_accept_needs_async_and_spec_and_every_layer_at_once():
     assert score_accept(rec(layers=LAYERS), ASYNC_SPEC).verdict == CONTRADICTS  # conv only
     fine = rec(kinds=("conv", "ssm"), layers=LAYERS, accepted_mismatch=False)
     assert score_accept(fine, ASYNC_SPEC).verdict == CONTRADICTS
+
+
+def test_accept_uses_the_count_used_vs_sampled_and_a_planted_permutation_exercises_it():
+    ssm_all = rec(kinds=("ssm",), layers=LAYERS)  # conv live rows may be all fresh inputs
+    assert score_accept(ssm_all, ASYNC_SPEC).verdict == SUPPORTS
+    assert "not recorded" in score_accept(ssm_all, ASYNC_SPEC).why
+    used = rec(kinds=("ssm",), layers=LAYERS, accepted_mismatch=True)
+    assert "differs" in score_accept(used, ASYNC_SPEC).why
+    assert score_accept(used, SYNC_SPEC).verdict == NOT_EXERCISED
+    planted = RunContext(spec=True, gdn_layers=3, planted="permute_accepted")
+    assert score_accept(used, planted).verdict == SUPPORTS
+    table = hypothesis_table([used], planted)
+    assert table.ranking()[0] == "H-accept" and "PLANTED permute_accepted" in table.rows[0]["label"]
+
+
+def test_lostcopy_wants_conv_and_ssm_in_the_step_of_a_postprocess_copy():
+    ctx = RunContext(spec=True, gdn_layers=3, postprocess_copies=6)
+    hit = rec(kinds=("conv", "ssm"), postprocess_copy_steps=[3])
+    assert score_lostcopy(hit, ctx).verdict == SUPPORTS
+    assert score_lostcopy(rec(kinds=("conv", "ssm"), postprocess_copy_steps=[2]), ctx).verdict \
+        == CONTRADICTS
+    assert score_lostcopy(rec(postprocess_copy_steps=[3]), ctx).verdict == CONTRADICTS  # conv only
+    wrong_count = rec(kinds=("conv", "ssm"), postprocess_copy_steps=[3], accepted_mismatch=True)
+    assert "H-accept" in score_lostcopy(wrong_count, ctx).why
+    assert score_lostcopy(hit, RunContext(spec=True)).verdict == SUPPORTS  # the event itself counts
+    assert score_lostcopy(rec(), RunContext(spec=True)).verdict == NOT_EXERCISED
+
+
+def test_reorder_wants_the_prefill_in_the_divergent_step_itself():
+    r = rec(kinds=("conv", "ssm"), batch_has_prefill=True, prefill_steps=[2])
+    assert score_reorder(r, SYNC_SPEC).verdict == CONTRADICTS  # prefill one step earlier
+    assert score_reorder({**r, "events": {**r["events"], "prefill_steps": [3]}},
+                         SYNC_SPEC).verdict == SUPPORTS
 
 
 @pytest.mark.parametrize("scorer", [score_drop, score_midblock])
@@ -108,7 +142,8 @@ def test_table_ranks_by_supporting_requests_and_labels_a_planted_fault():
     assert table.ranking()[0] == "H-copy" and top["supports"] == 3 and top["rank"] == 1
     assert top["label"].startswith("EMULATED")
     assert all(r["label"] == "observed" for r in table.rows[1:])
-    assert sum(r["supports"] + r["contradicts"] + r["not_exercised"] for r in table.rows) == 3 * 7
+    assert sum(r["supports"] + r["contradicts"] + r["not_exercised"] for r in table.rows) \
+        == 3 * len(SCORERS)
     assert "EMULATED" in table._repr_html_() and json.dumps(table.to_dict())
     honest = hypothesis_table(records, RunContext(spec=True, gdn_layers=3, same_block_shifts=3))
     assert honest.rows[0]["label"] == "observed"  # nothing planted, nothing emulated

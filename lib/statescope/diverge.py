@@ -6,11 +6,15 @@ a digest differs: which GDN layers and state kinds, which live conv rows (row 0 
 leading, oldest row; the last = the newest), the size of the difference (largest relative
 difference of a statistic, or of a live row's sum for the conv window) and whether NaN/Inf
 appeared. Next to it go the events of that step and the one before, read from the run's own step
-records and copy census: prefix-cache hit, block-boundary crossing, drafts scheduled, accepted
-count, a same-block left-shift copy, and whether the engine step also ran a prefill.
-``DivergenceReport`` has ``to_dict()``, ``_repr_html_`` and ``heatmap()`` (plotly, layer × step,
-log10 of the difference). ``diverge_command`` / ``add_diverge_subcommand`` are the CLI
-(``statescope diverge RUN --reference REF [--json]``).
+records and copy census (``step_events``): prefix-cache hit, block-boundary crossing, drafts
+scheduled, accepted count (and, where the capture records ``num_accepted_sampled`` /
+``num_accepted_used``, whether the count the state update used differs from the one sampled), a
+same-block left-shift copy, post-process copies, and which engine steps also ran a prefill.
+``statescope.diverge_positions`` builds the same report by token position in tolerance units.
+``DivergenceReport`` has ``to_dict()``, ``_repr_html_`` and ``heatmap()`` (plotly, layer × step or
+token position, log10 of the difference). ``diverge_command`` / ``add_diverge_subcommand`` are the
+CLI: ``statescope diverge RUN --reference REF [--by-position [--noise CLEAN ...]] [--planted NAME]
+[--json]`` prints the per-request first divergence and the hypothesis table.
 
 What it deliberately does not do: judge which mechanism fits (``statescope.hypotheses``), record
 runs (``statescope.capture_session``) or compare runs of different workloads.
@@ -79,7 +83,7 @@ def _magnitudes(m: pd.DataFrame, width: int) -> pd.DataFrame:
     return m
 
 
-def _events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
+def step_events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
     """What the run's step records and copy census say about ``req_id`` at ``steps``."""
     st, cp = run.steps(), run.copies()
     mine = st[st["req_id"] == req_id].sort_values("req_step")
@@ -87,7 +91,9 @@ def _events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
     ev: dict[str, Any] = {"steps": [int(s) for s in steps], "prefix_hit_tokens": 0,
                           "block_crossing": False, "num_drafts": [], "accepted": [],
                           "same_block_left_shift": False, "shift_steps": [], "copy_kinds": {},
-                          "batch_has_prefill": False}
+                          "postprocess_copy_steps": [], "batch_has_prefill": False, "prefill_steps": [],
+                          "accepted_mismatch": None, "accepted_used": None,
+                          "accepted_recorded": "sampled only (no num_accepted_used column)"}
     if mine.empty:
         return ev
     hits = mine["prefix_hit_tokens"].fillna(0)
@@ -102,7 +108,13 @@ def _events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
         if nct[s] // bs != after // bs:
             ev["block_crossing"] = True
     ev["num_drafts"] = [int(x) for x in at["num_drafts"]]
-    ev["accepted"] = [int(x) for x in at["accepted"]]
+    ev["accepted"] = [int(x) if pd.notna(x) else None for x in at["accepted"]]
+    if {"num_accepted_sampled", "num_accepted_used"} <= set(at.columns):
+        pairs = at[["num_accepted_sampled", "num_accepted_used"]].dropna()
+        if len(pairs):  # the count the state update used vs the one sampled (H-accept)
+            ev["accepted_used"] = [int(x) for x in pairs["num_accepted_used"]]
+            ev["accepted_mismatch"] = bool((pairs.iloc[:, 0] != pairs.iloc[:, 1]).any())
+            ev["accepted_recorded"] = "sampled and used"
     engine_steps = {int(e): int(s) for e, s in zip(at["engine_step"], at["req_step"])}
     if not cp.empty:
         mc = cp[(cp["req_id"] == req_id) & cp["engine_step"].isin(list(engine_steps))]
@@ -110,9 +122,13 @@ def _events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
         sh = mc[(mc["kind"] == "left_shift_same_block") & (mc["nbytes"] > 0)]
         ev["same_block_left_shift"] = bool(len(sh))
         ev["shift_steps"] = sorted({engine_steps[int(e)] for e in sh["engine_step"]})
+        pp = mc[(mc["launch_kind"] == "postprocess") & (mc["nbytes"] > 0)] \
+            if "launch_kind" in mc else mc.iloc[:0]
+        ev["postprocess_copy_steps"] = sorted({engine_steps[int(e)] for e in pp["engine_step"]})
     batch = st[st["engine_step"].isin(list(engine_steps))]
     prefill = batch["num_scheduled_tokens"] > batch["num_drafts"] + 1
     ev["batch_has_prefill"] = bool(prefill.any())
+    ev["prefill_steps"] = sorted({engine_steps[int(e)] for e in batch[prefill]["engine_step"]})
     return ev
 
 
@@ -126,6 +142,8 @@ class DivergenceReport:
     cells: pd.DataFrame = field(default_factory=pd.DataFrame)  # prompt, req_step, layer, kind, magnitude
     gdn_layers: int = 0
     conv_window: int = 0
+    unit: str = "relative difference"  # of ``magnitude``; "tolerance units" for position reports
+    tolerance: dict | None = None  # the noise calibration used, when there is one
 
     @property
     def diverged(self) -> list[dict]:
@@ -133,7 +151,8 @@ class DivergenceReport:
 
     def to_dict(self) -> dict:
         return {"run": self.run, "reference": self.reference, "gdn_layers": self.gdn_layers,
-                "conv_window": self.conv_window, "requests_compared": len(self.requests),
+                "conv_window": self.conv_window, "unit": self.unit, "tolerance": self.tolerance,
+                "requests_compared": len(self.requests),
                 "requests_diverged": len(self.diverged), "requests": self.requests}
 
     def table(self) -> pd.DataFrame:
@@ -141,6 +160,7 @@ class DivergenceReport:
         for r in self.requests:
             ev = r.get("events", {})
             rows.append({"req_id": r["req_id"], "first_step": r["first_step"],
+                         **({"position": r["position"]} if "position" in r else {}),
                          "kinds": ",".join(r["kinds"]), "layers": len(r["layers"]),
                          "conv_rows": r["conv_rows"], "magnitude": r["magnitude"],
                          "nan_or_inf": r["nan_or_inf"],
@@ -154,7 +174,7 @@ class DivergenceReport:
         head = (f"<p><b>Divergence</b> of <code>{self.run}</code> from <code>{self.reference}</code>: "
                 f"{len(self.diverged)} of {len(self.requests)} requests diverge "
                 f"({self.gdn_layers} GDN layers, live conv window {self.conv_window} rows; "
-                f"conv row 0 = leading/oldest).</p>")
+                f"conv row 0 = leading/oldest; magnitude in {self.unit}).</p>")
         return head + self.table().to_html(index=False)
 
     def heatmap(self, req_id: str | None = None):
@@ -170,15 +190,34 @@ class DivergenceReport:
             if c.empty:
                 raise InputError(f"diverge heatmap: no request {target!r} in the report")
         c = c.assign(row=c["layer"].str.replace(".linear_attn", "", regex=False) + " " + c["kind"])
-        grid = c.pivot_table(index="row", columns="req_step", values="magnitude", aggfunc="max")
-        z = np.log10(np.clip(grid.to_numpy(float), 1e-12, None))
+        x = "position" if "position" in c and target is not None else "req_step"
+        grid = c.pivot_table(index="row", columns=x, values="magnitude", aggfunc="max")
+        low = -3.0 if self.unit == "tolerance units" else -12.0
+        z = np.log10(np.clip(grid.to_numpy(float), 10 ** low, None))
         z = np.where(np.isinf(grid.to_numpy(float)), 12.0, z)
         fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index),
-                                   colorscale="Viridis", zmin=-12,
-                                   colorbar={"title": "log10 rel. diff"}))
+                                   colorscale="Viridis", zmin=low,
+                                   colorbar={"title": f"log10 {self.unit}"}))
         fig.update_layout(title=f"State divergence, request {target or 'all (max)'}",
-                          xaxis_title="request step", yaxis_title="layer / state", height=360)
+                          xaxis_title="token position" if x == "position" else "request step",
+                          yaxis_title="layer / state", height=360)
+        self._mark_events(fig, c, x, target)
         return fig
+
+    def _mark_events(self, fig: Any, cells: pd.DataFrame, x: str, target: str | None) -> None:
+        """Vertical markers: same-block shifts, post-process copies, the first divergence."""
+        rec = next((r for r in self.diverged if r["req_id"] == target), None)
+        if rec is None:
+            return
+        where = cells.groupby("req_step")[x].min() if x in cells else pd.Series(dtype=float)
+        ev = rec.get("events") or {}
+        marks = [(s, "shift", "orange") for s in ev.get("shift_steps", [])]
+        marks += [(s, "post-process copy", "white") for s in ev.get("postprocess_copy_steps", [])]
+        marks.append((rec["first_step"], "first divergence", "red"))
+        for step, label, colour in marks:
+            if step in where.index:
+                fig.add_vline(x=float(where[step]), line_color=colour, line_dash="dot",
+                              annotation_text=label, annotation_position="top left")
 
 
 def divergence_report(run_dir: str | os.PathLike | CaptureRun,
@@ -212,7 +251,7 @@ def divergence_report(run_dir: str | os.PathLike | CaptureRun,
                        nan_or_inf=bool((at[[c for c in ("nan_b", "inf_b") if c in at]].fillna(0)
                                         .to_numpy() > 0).any()),
                        ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
-                       events=_events(run, rec["req_id"],
+                       events=step_events(run, rec["req_id"],
                                       list(range(max(0, first - EVENT_WINDOW), first + 1))))
         if isinstance(rec["magnitude"], float) and math.isinf(rec["magnitude"]):
             rec["magnitude"] = "inf"  # JSON has no infinity
@@ -223,15 +262,35 @@ def divergence_report(run_dir: str | os.PathLike | CaptureRun,
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
+def _position_report(args: argparse.Namespace) -> DivergenceReport:
+    from statescope.diverge_positions import position_report
+    from statescope.noise import calibrate, compare_states
+    from statescope.replay import CapturedStates
+
+    run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
+    # no clean runs given: compare the reference with itself, so only the floor sets tolerance
+    clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
+    tol = calibrate([compare_states(c, ref) for c in clean],
+                    [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
+    return position_report(run, ref, tol)
+
+
 def diverge_command(args: argparse.Namespace) -> int:
-    report = divergence_report(args.run, args.reference, rtol=args.rtol)
+    from statescope.hypotheses import hypothesis_table, run_context
+
+    report = (_position_report(args) if args.by_position
+              else divergence_report(args.run, args.reference, rtol=args.rtol))
+    table = hypothesis_table(report, run_context(_open(args.run, "run"), planted=args.planted,
+                                                 gdn_layers=report.gdn_layers))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
+        print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
     else:
         print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
-              f"({report.run} vs {report.reference})")
+              f"({report.run} vs {report.reference}; magnitude in {report.unit})")
         if report.requests:
             print(report.table().to_string(index=False))
+        print(table.frame()[["rank", "hypothesis", "label", "supports", "contradicts",
+                             "not_exercised", "why"]].to_string(index=False))
     return 0
 
 
@@ -240,5 +299,13 @@ def add_diverge_subcommand(subparsers: Any) -> None:
     p.add_argument("run", help="capture run directory")
     p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
     p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--by-position", action="store_true",
+                   help="compare full-mode captures by (request, token position) in tolerance units")
+    p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
+                   help="with --by-position: clean full-mode runs of the same prompts; tolerance "
+                        "= 2x their largest difference from the reference (floor: 1/256 of scale)")
+    p.add_argument("--planted", default=None,
+                   help="planted fault / copy semantics of RUN (e.g. barrierless_tiles, "
+                        "permute_accepted): its mechanism is labelled EMULATED")
+    p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
     p.set_defaults(func=diverge_command)

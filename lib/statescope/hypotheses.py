@@ -6,8 +6,10 @@ of ``diverge.DivergenceReport.requests``: ``first_step``, ``kinds``, ``layers``,
 block sizes, GDN layer count, a planted fault if any) and returns a ``Verdict``: ``supports``,
 ``contradicts`` or ``not exercised``, with a one-line reason. ``hypothesis_table(report, context)``
 scores every diverged request under every hypothesis and ranks the mechanisms; a mechanism whose
-fault was planted on purpose (the CPU ``barrierless_tiles`` copy emulates H-copy) is labelled
-EMULATED so nobody mistakes it for a finding about a real build.
+fault was planted on purpose is labelled EMULATED/PLANTED so nobody mistakes it for a finding
+about a real build: the CPU ``barrierless_tiles`` copy emulates H-copy, the ``permute_accepted``
+fault (``statescope.faults``) H-accept, and ``drop_postprocess_copy`` H-lostcopy — a lost
+post-process copy, listed after the §2 rows because §2 has no row for it.
 
 What it deliberately does not do: read captures (``statescope.diverge`` does) or claim a verdict
 from one run: a mechanism that is not exercised by the run's configuration is neither supported
@@ -23,7 +25,9 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 SUPPORTS, CONTRADICTS, NOT_EXERCISED = "supports", "contradicts", "not exercised"
-PLANTED = {"barrierless_tiles": "H-copy"}  # planted CPU fault -> the mechanism it emulates
+# planted CPU fault / copy semantics -> the mechanism it emulates
+PLANTED = {"barrierless_tiles": "H-copy", "permute_accepted": "H-accept",
+           "drop_postprocess_copy": "H-lostcopy"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class RunContext:
     mamba_block_size: int | None = None
     gdn_layers: int = 0
     same_block_shifts: int = 0  # in-place conv shifts with bytes to move, whole run
-    planted: str | None = None  # copy semantics planted on purpose, e.g. "barrierless_tiles"
+    postprocess_copies: int = 0  # post-process copies with bytes to move, whole run
+    planted: str | None = None  # fault planted on purpose (a key of PLANTED)
 
 
 def run_context(run: Any, planted: str | None = None, gdn_layers: int = 0) -> RunContext:
@@ -50,11 +55,13 @@ def run_context(run: Any, planted: str | None = None, gdn_layers: int = 0) -> Ru
     st, cp = run.steps(), run.copies()
     hits = 0 if st.empty else int(st.groupby("req_id")["prefix_hit_tokens"].max().fillna(0).gt(0).sum())
     shifts = 0 if cp.empty else int(((cp["kind"] == "left_shift_same_block") & (cp["nbytes"] > 0)).sum())
+    post = 0 if cp.empty or "launch_kind" not in cp else int(
+        ((cp["launch_kind"] == "postprocess") & (cp["nbytes"] > 0)).sum())
     layers = gdn_layers or (0 if run.digests().empty else int(run.digests()["layer"].nunique()))
     return RunContext(async_scheduling=bool(res.get("async_scheduling")),
                       spec=int(res.get("num_speculative_tokens") or 0) > 0, prefix_cache_hits=hits,
                       block_size=res.get("block_size"), mamba_block_size=res.get("mamba_block_size"),
-                      gdn_layers=layers, same_block_shifts=shifts,
+                      gdn_layers=layers, same_block_shifts=shifts, postprocess_copies=post,
                       planted=None if planted in (None, "memmove") else planted)
 
 
@@ -85,18 +92,46 @@ def score_copy(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
 
 
 def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
-    """H-accept: conv and recurrent state of every GDN layer at once; needs async + spec."""
-    if not (ctx.async_scheduling and ctx.spec):
+    """H-accept: the recurrent state of every GDN layer at once (a wrong conv read offset feeds
+    every later layer), where the accepted count the state update used differs from the one
+    sampled (``num_accepted_sampled`` vs ``num_accepted_used`` when the capture records them);
+    needs async + spec, or the planted ``permute_accepted`` fault that emulates the race on a
+    synchronous build. The conv window's live rows may stay intact: measured on the tiny model,
+    when a step accepts as many tokens as the live window holds, those rows are all fresh inputs."""
+    planted = ctx.planted == "permute_accepted"
+    if not ((ctx.async_scheduling or planted) and ctx.spec):
         return Verdict(NOT_EXERCISED, "needs async scheduling and speculative decoding "
                                       f"(async={ctx.async_scheduling}, spec={ctx.spec})")
     every = ctx.gdn_layers and len(rec["layers"]) >= ctx.gdn_layers
-    if set(rec["kinds"]) >= {"conv", "ssm"} and every:
-        if _ev(rec).get("accepted_mismatch") is False:
-            return Verdict(CONTRADICTS, "accepted count used equals the one sampled")
-        return Verdict(SUPPORTS, f"conv and recurrent state of all {ctx.gdn_layers} GDN layers "
-                                 f"diverge at step {rec['first_step']}")
-    return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} in {len(rec['layers'])} of "
-                                f"{ctx.gdn_layers} GDN layers diverge first")
+    if not ("ssm" in rec["kinds"] and every):
+        return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} in {len(rec['layers'])} of "
+                                    f"{ctx.gdn_layers} GDN layers diverge first")
+    mismatch = _ev(rec).get("accepted_mismatch")
+    if mismatch is False:
+        return Verdict(CONTRADICTS, "accepted count used equals the one sampled at and before "
+                                    f"step {rec['first_step']}")
+    how = ("the count used differs from the one sampled" if mismatch else
+           "signature only: the count used is not recorded (no num_accepted_used column)")
+    return Verdict(SUPPORTS, f"{'+'.join(rec['kinds'])} of all {ctx.gdn_layers} GDN layers "
+                             f"diverge at once at step {rec['first_step']}; {how}")
+
+
+def score_lostcopy(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+    """H-lostcopy (not a §2 row; the planted dropped copy): a post-process copy that did not land.
+    The destination block keeps stale bytes, so conv window *and* recurrent state diverge in the
+    step of the copy itself, all live conv rows, with the accepted count intact."""
+    ev = _ev(rec)
+    if ctx.postprocess_copies == 0 and not ev.get("postprocess_copy_steps"):
+        return Verdict(NOT_EXERCISED, "no post-process copy in the run")
+    if rec["first_step"] not in (ev.get("postprocess_copy_steps") or []):
+        return Verdict(CONTRADICTS, f"no post-process copy in step {rec['first_step']}")
+    if ev.get("accepted_mismatch"):
+        return Verdict(CONTRADICTS, "the accepted count used was wrong (a wrong copy decision, "
+                                    "H-accept), not a lost copy")
+    if set(rec["kinds"]) >= {"conv", "ssm"}:
+        return Verdict(SUPPORTS, f"conv and recurrent state diverge together in step "
+                                 f"{rec['first_step']}, the step of a post-process copy")
+    return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} diverges in the copy's step")
 
 
 def _after_hit(rec: Mapping[str, Any], ctx: RunContext, name: str) -> Verdict:
@@ -150,8 +185,12 @@ def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
     """H-reorder: a decode row in a batch with prefills, whole state of the step wrong."""
     if not ctx.spec:
         return Verdict(NOT_EXERCISED, "the drafter's reorder threshold needs speculative decoding")
-    if not _ev(rec).get("batch_has_prefill"):
-        return Verdict(CONTRADICTS, "no prefill in the batch at or just before the divergence")
+    ev = _ev(rec)
+    prefill_steps = ev.get("prefill_steps")
+    in_step = (rec["first_step"] in prefill_steps) if prefill_steps is not None \
+        else ev.get("batch_has_prefill")
+    if not in_step:
+        return Verdict(CONTRADICTS, f"no prefill in the batch of step {rec['first_step']}")
     if rec["first_step"] > 0 and "ssm" in rec["kinds"]:
         return Verdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
                                  "and its recurrent state diverges at once")
@@ -162,7 +201,7 @@ def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
 SCORERS: dict[str, Callable[[Mapping[str, Any], RunContext], Verdict]] = {
     "H-copy": score_copy, "H-accept": score_accept, "H-drop": score_drop,
     "H-midblock": score_midblock, "H-split": score_split, "H-empty": score_empty,
-    "H-reorder": score_reorder}
+    "H-reorder": score_reorder, "H-lostcopy": score_lostcopy}
 
 
 @dataclass
@@ -207,7 +246,8 @@ def hypothesis_table(report: Any, context: RunContext) -> HypothesisTable:
         why = whys.most_common(1)[0][0] if whys else "no request diverged from the reference"
         rows.append({"hypothesis": name, "supports": n[SUPPORTS], "contradicts": n[CONTRADICTS],
                      "not_exercised": n[NOT_EXERCISED], "score": n[SUPPORTS] - n[CONTRADICTS],
-                     "label": "EMULATED (planted fault)" if name == emulated else "observed",
+                     "label": f"EMULATED (PLANTED {context.planted})" if name == emulated
+                     else "observed",
                      "why": why})
     rows.sort(key=lambda r: (-r["score"], -r["supports"]))  # stable: ties keep §2 order
     for i, r in enumerate(rows, 1):
