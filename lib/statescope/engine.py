@@ -28,7 +28,7 @@ from statescope.modeldir import check_model_dir
 
 MAMBA_CACHE_MODES = ("none", "align", "all")
 SPEC_METHODS = ("mtp",)
-SUPPORTED_VLLM = ("0.26.", "0.28.", "0.32.")
+SUPPORTED_VLLM = ("0.26.", "0.28.", "0.29.", "0.32.")
 
 
 @dataclass(frozen=True)

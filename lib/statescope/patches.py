@@ -9,6 +9,10 @@ requests);
   so both arms get it; it only changes overlapping copies, which are the H-copy race);
 - ``cpu_kernels:memmove`` / ``cpu_kernels:barrierless_tiles``: the trigger arm's CPU fused-copy
   semantics (``statescope.cpu_kernels``, 1024-byte tiles; barrier-less tiles EMULATE the GPU race);
+- ``cpu_kernels:release_gpu_order``: EMULATED -- the fused copies follow the build's own GPU
+  ordering of in-block conv shifts (0.28.0: barrier-less tiles of the fused kernel's size;
+  0.29.0 on: ordered, memmove-safe; ``statescope.cpu_kernels_releases``), so a bisection over
+  real releases can see the upstream fix that CPU memmove copies never need;
 - ``planted_regression``: a planted fault (NaN conv state, ``statescope.faults``) in a share of the
   trigger arm's requests, used to plant a regression "from a chosen build on" and always labelled
   PLANTED.
@@ -27,6 +31,7 @@ PATCHES = {
     "overlap_safe_copy": "overlap-safe batch_memcpy (runtime patch for the H-copy race)",
     "cpu_kernels:memmove": "CPU fused copy kernels, memmove semantics (correct)",
     "cpu_kernels:barrierless_tiles": "EMULATED H-copy race: CPU fused copies as barrier-less tiles",
+    "cpu_kernels:release_gpu_order": "EMULATED: CPU fused copies ordered as this release's GPU kernel",
     "planted_regression": "PLANTED REGRESSION: NaN conv state planted in a share of trigger requests",
 }
 PLANTED_RATE = 0.3  # default share of trigger requests that get the planted fault
