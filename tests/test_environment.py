@@ -52,3 +52,20 @@ def test_shims_act_in_a_fresh_interpreter():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "ok"
+
+
+def test_sharing_and_browser_tools_are_in_the_installed_extras():
+    """render/browser tests need these; environment.yml installs the same extras as bin/setup."""
+    env = (REPO / "environment.yml").read_text()
+    extras = re.search(r'-e\s+"?\.\[([a-z,]+)\]', env).group(1).split(",")
+    declared = _pyproject()["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[ ]", d)[0].lower() for e in extras for d in declared[e]}
+    for need in ("papermill", "nbformat", "kaleido", "jupyterlab", "playwright"):
+        assert need in names, f"{need} is not in the extras {extras} that environment.yml installs"
+
+
+def test_setup_installs_debian_chromium_only_when_missing():
+    setup = (REPO / "bin" / "setup").read_text()
+    guard = setup.index("! command -v chromium")
+    assert guard < setup.index("apt-get install -y -qq chromium"), "chromium install is not guarded"
+    assert "playwright install" not in setup, "the browser must come from Debian, not a download"

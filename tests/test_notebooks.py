@@ -46,6 +46,9 @@ NEEDLES = {
     "02_config_matrix": ("ASYNC SCHEDULING FORCED OFF", "failure rate"),
     "04_where_state_diverges": ("EMULATED", "H-copy"),
     "05_bisect_builds": ("SIMULATED",),
+    "07_teach_failure_mode": ("PASS</b> · <b>prefill state equals", "PASS</b> · <b>PLANTED poisoned"),
+    "06_hypotheses": ("EMULATED (PLANTED permute_accepted)", "H-lostcopy", "tolerance units"),
+    "08_gpu_h200": ("not run", "GPUModelRunner", "0.26.0 + overlap-safe", "RequestOutput.num_cached_tokens"),
 }
 
 

@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
     add_bisect_subcommands(sub)
+    from statescope.cli_render import add_render_subcommand; add_render_subcommand(sub)  # noqa: E702
     return p
 
 

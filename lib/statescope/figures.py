@@ -4,6 +4,7 @@ What it does: `save_png(fig, path)` writes a PNG through plotly + kaleido, point
 Debian's `chromium` (kaleido needs a Chrome; nothing is downloaded at run time). When kaleido or a
 Chrome is missing, or the export exceeds its timeout, it returns None and records why in
 `last_export_error`, so a report can say "figure not exported: <why>" instead of crashing.
+`save_pngs(figs, paths)` exports many figures through one browser start (a start costs seconds).
 
 What it deliberately does not do: install a browser, or render HTML (see statescope.render).
 """
@@ -65,3 +66,45 @@ def save_png(fig: Any, path: str | Path, *, timeout_s: float = 60.0, scale: floa
         return None
     last_export_error = None
     return path
+
+
+def save_pngs(figs: list[Any], paths: list[str | Path], *, timeout_s: float = 120.0,
+              scale: float = 1.0) -> tuple[list[Path | None], str | None]:
+    """Export many figures with one Chrome start; ([path or None per figure], why-not or None).
+
+    On a batch failure each figure is retried alone (with `save_png`), so one bad figure costs
+    only itself."""
+    global last_export_error
+    paths = [Path(p) for p in paths]
+    if not figs:
+        return [], None
+    chrome = chrome_path()
+    if chrome is None:
+        return [None] * len(figs), "no Chrome/Chromium found (install Debian's `chromium`, or set BROWSER_PATH)"
+    try:
+        import kaleido  # noqa: F401
+        import plotly.io as pio
+    except ImportError:
+        return [None] * len(figs), "kaleido is not installed (pip install kaleido)"
+    os.environ.setdefault("BROWSER_PATH", chrome)
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    outcome: dict[str, BaseException | None] = {"error": None}
+
+    def export() -> None:
+        try:
+            pio.write_images(figs, [str(p) for p in paths], format="png", scale=scale)
+        except BaseException as exc:  # reported, never raised
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=export, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        last_export_error = f"PNG export of {len(figs)} figures took longer than {timeout_s:.0f} s"
+        return [None] * len(figs), last_export_error
+    if outcome["error"] is None and all(p.is_file() for p in paths):
+        last_export_error = None
+        return list(paths), None
+    done = [save_png(f, p, timeout_s=min(60.0, timeout_s), scale=scale) for f, p in zip(figs, paths)]
+    return done, last_export_error
