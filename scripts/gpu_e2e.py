@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -151,7 +152,7 @@ def arms_for(out: Path, job: str, model: str, label: str, deadline: float, cpu: 
 
 
 def done_marker(name: str) -> Path:
-    return Path(f"/tmp/statescope_done_{name}")
+    return Path(tempfile.gettempdir()) / f"statescope_done_{name}"
 
 
 def fast_parts(out: Path, job: str, device: str, cpu: bool) -> None:
@@ -180,7 +181,7 @@ def arm_main(a: argparse.Namespace) -> int:
                             eager=a.eager)
     arm = arms[a.arm]
     trace = gpu_e2e.e2e_trace(range(a.seeds), max_episodes=a.episodes)
-    cap_dir = f"/tmp/statescope_caps_{a.label}"
+    cap_dir = str(Path(tempfile.gettempdir()) / f"statescope_caps_{a.label}")
     if a.capture:  # the plugin installs it when the engine starts (statescope.plugin.register)
         spec = Path(cap_dir + ".json")
         spec.write_text(json.dumps({"output_dir": cap_dir, "run_id": f"{a.label}-trigger", "mode": "digest"}))
