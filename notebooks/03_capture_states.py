@@ -74,24 +74,49 @@ clean, _ = record(engine, {"output_dir": out, "run_id": "memmove", "mode": "dige
 clean
 
 # %% [markdown]
-# The manifest is the run's perturbation report. It says which mode ran, that the capture forced
-# no synchronization and no eager mode, and what vLLM really resolved. On CPU, async scheduling
-# is off whatever you ask.
+# Every run carries a perturbation report. It says which mode ran, whether capturing forced any
+# synchronization or eager mode, what vLLM really resolved (on CPU async scheduling is off
+# whatever you ask), what host work the capture adds to each step, and the overhead that
+# `benchmarks/bench_capture.py` measured for this mode.
+
+# %%
+from statescope.capture_session import perturbation_report
+perturbation_report(clean)
 
 # %%
 {k: clean.manifest[k] for k in ("mode", "vllm_version", "runner_class", "block_size",
-                                "conv_window", "perturbation", "sizes")}
+                                "conv_window", "sizes")}
 
 # %% [markdown]
-# One row per (request, step): computed tokens at schedule time, drafts scheduled, accepted count,
-# running column and block ids, and the prefix-cache hit of a newly scheduled request.
+# One row per (request, step): computed tokens at schedule time, drafts scheduled, running column
+# and block ids, the prefix-cache hit of a newly scheduled request, and two accepted counts:
+# `num_accepted_sampled` (what the rejection sampler produced) and `num_accepted_used` (what the
+# align-mode post-process, which moves the state, was given for that request). H-accept predicts
+# steps where they differ; with async scheduling forced off on CPU they cannot.
 
 # %%
-clean.steps()[["req_id", "req_step", "num_computed_tokens", "num_scheduled_tokens", "num_drafts",
-               "accepted", "running_col", "running_blocks", "prefix_hit_tokens"]].head(12)
+steps = clean.steps()
+steps[["req_id", "req_step", "num_computed_tokens", "num_scheduled_tokens", "num_drafts",
+       "num_accepted_sampled", "num_accepted_used", "running_col", "prefix_hit_tokens"]].head(12)
 
 # %%
-clean.digests()[["req_id", "req_step", "layer", "kind", "block_id", "checksum", "sum", "absmax",
+(steps["num_accepted_sampled"] != steps["num_accepted_used"]).sum()  # steps where they differ
+
+# %% [markdown]
+# ### Why are the prefix-cache hits 0?
+#
+# The scheduler (engine-core side) logs each prefix-cache lookup: how long a hit the attention
+# group and the Mamba groups could each serve on their own, every step of the coordinator's
+# fixed-point search (`kind:max_length->hit`, `+drop` when the MTP last-block drop applied), and
+# the hit the request got. Here the prompts are fresh and shorter than one 384-token Mamba block,
+# so there is no full block to hit: every group reports 0.
+
+# %%
+clean.prefix_hits()[["req_id", "num_prompt_tokens", "num_block_hashes", "attention_hit_tokens",
+                     "mamba_hit_tokens", "hit_tokens", "lookups"]].head(6)
+
+# %%
+clean.digests()[["req_id", "req_step", "layer", "kind", "block_id", "checksum", "sum", "sumsq",
                  "nan", "proj0"]].head(12)
 
 # %% [markdown]
@@ -119,7 +144,8 @@ report["counts"], report["by_launch_and_state"], report["crosscheck"]
 # %%
 from statescope import cpu_kernels
 cpu_kernels.set_copy_semantics("barrierless_tiles", 8192)
-faulty, _ = record(engine, {"output_dir": out, "run_id": "barrierless", "mode": "digest"}, prompts)
+faulty, _ = record(engine, {"output_dir": out, "run_id": "barrierless", "mode": "digest",
+                            "draft_columns": True}, prompts)
 cpu_kernels.set_copy_semantics("memmove")
 
 # %% [markdown]
@@ -132,6 +158,15 @@ shifts_by_request(faulty)
 
 # %%
 first_divergence(clean, faulty)[["req_id_b", "steps_compared", "first_step", "kinds"]]
+
+# %% [markdown]
+# That run also digested the draft columns (`draft_columns`): the candidate states after each
+# draft token, in the blocks after the running column (`column_offset` 1 and 2). Comparisons use
+# the running column unless asked for another one.
+
+# %%
+d = faulty.digests()
+d[d.layer_index == 0].groupby(["column_offset", "kind"]).size()
 
 # %% [markdown]
 # Only the requests with an in-place shift diverge. Each diverges at exactly the step of its
@@ -159,10 +194,36 @@ conv.shape, conv.float().abs().sum(-1)  # prefill writes the first kernel-1 rows
 engine.close()
 
 # %% [markdown]
+# ## 6 · Does the failure still fire with capture on?
+#
+# An instrument that hides the failure it observes is worse than none. Plant a NaN conv-window
+# fault in the trigger arm, run the reproduce verdict against the reference arm twice, capture
+# off then capture on (one engine per arm, the control arm shared), and compare.
+
+# %%
+from statescope.capture_session import reproduce_with_capture
+from statescope.faults import FaultSpec
+from statescope.reproduce import standard_arms
+from statescope.workload import preset_trace
+trigger, control = standard_arms("reference")
+trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
+
+# %%
+both = reproduce_with_capture(trigger, control, preset_trace("smoke"), store_root=out,
+                              spec={"mode": "digest", "run_id": "reproduce-on"})
+{k: both[k].verdict.outcome for k in ("off", "on")}, both["same_failures"]
+
+# %%
+nan = both["run"].digests()
+nan[nan["nan"] > 0].groupby(["layer", "kind"]).size()  # the planted NaN, seen by the capture
+
+# %% [markdown]
 # **What has and has not been checked.** The same hooks ran on a GPU: vLLM 0.26.0 on an H200,
 # with CUDA graphs and async scheduling on. There, two identical runs gave identical digests,
 # outputs with and without capture were identical, and the scalar pre-copy census was decoded.
-# The fused post-process census has not run on a GPU with accepted drafts. Its decision mirror
+# The fused post-process census has not run on a GPU with accepted drafts, and the CPU
+# host-path changes (in-step reduction, draft columns, the scheduler's hit log) have not run
+# on a GPU yet. Its decision mirror
 # is unit-tested on CUDA, including a check that it never synchronizes. vLLM 0.32.0 is
 # recognised but refused, because its V2 model runner is not wrapped. Runs are lined up by
 # prompt, so a workload that repeats a prompt cannot be compared row for row yet.

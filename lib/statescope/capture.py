@@ -13,9 +13,13 @@ entry points; ``Recorder`` (this module) is their sink and keeps one ``RunCaptur
 (``statescope.capture_run``) per model runner — one run directory each. Digests and snapshots
 are taken on the state's device after each step; on a GPU a step's small results travel in one
 non-blocking copy into pinned host memory. A daemon flusher thread polls the copies' events and
-writes finished steps (on CPU it also reduces the blocks the step gathered), so the step itself
-never synchronizes. ``flush()``/``close()``, the worker's shutdown and process exit wait for the
-device once and write everything. The run manifest records this under ``perturbation``.
+writes finished steps, so the step itself never synchronizes. ``flush()``/``close()``, the worker's shutdown, SIGTERM (a handler chained in front of
+the process's own, installed when the first run starts) and process exit wait for the device
+once and write everything. The run manifest records this under ``perturbation``.
+
+In the process that runs vLLM's scheduler (the engine core, or this process for the in-process
+engine) the same recorder also logs every prefix-cache lookup with its per-group hit lengths
+(``statescope.capture_prefix``), written under ``<output_dir>/scheduler/``.
 
 What it deliberately does not do: compare runs (the divergence tools do), or change what vLLM
 computes — every hook calls the original with the same arguments.
@@ -42,8 +46,8 @@ PERTURBATION = {
                ".item()/.tolist()/synchronize",
     "sync_points": ["flush()/close()/process exit: one wait on the last step's event"],
     "host_work_in_step": "Python bookkeeping per selected request; scalar-path pointer arrays "
-                         "(already on the host) copied; on CPU the block gather (digest "
-                         "reductions run in the flusher thread)",
+                         "(already on the host) copied; on CPU the block gather and the digest "
+                         "reductions themselves (the CPU has no other stream to put them on)",
 }
 _FUSED_ARGS = {
     "precopy": ("num_reqs", "state_idx_gpu", "src_col_gpu", "token_bias_gpu", "idx_mapping"),
@@ -73,12 +77,14 @@ class Recorder:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the SIGTERM handler on the main thread
+        self.hits: Any = None  # PrefixHitLog, made at the first scheduler lookup
         self._flusher_error: BaseException | None = None
 
     # ---- runs ----------------------------------------------------------------------------------
 
     def _new_run(self, runner: Any) -> Any:
+        _chain_sigterm()  # the worker's own handler exists by now: ours runs first, then it
         import torch
         import vllm
 
@@ -101,7 +107,7 @@ class Recorder:
             "runner_class": type(runner).__name__, "pid": os.getpid(), "rank": rank,
             "resolved": resolve_vllm_config(vc),
             "cudagraph_mode": str(getattr(vc.compilation_config, "cudagraph_mode", None)),
-            "perturbation": dict(PERTURBATION,
+            "perturbation": dict(PERTURBATION, mode=self.spec.mode,
                                  enforce_eager=bool(vc.model_config.enforce_eager)),
         }
         run = RunCapture(self.spec, runner, run_dir, manifest)
@@ -177,6 +183,7 @@ class Recorder:
         else:
             data = postprocess_decisions(*(bound[k][:n] for k in _FUSED_ARGS[kind][1:]),
                                          block_size=int(ctx.block_size))
+            run.note_used(bound["num_accepted_tokens_gpu"][:n])  # a copy, made before the launch
         run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
 
     def launch_done(self) -> None:
@@ -188,7 +195,28 @@ class Recorder:
             self.current.observed_copy(event)
 
     def worker_shutdown(self) -> None:
-        self.close()
+        self.close(closed_by="worker_shutdown")
+
+    # ---- scheduler side: prefix-cache lookups (statescope.capture_prefix) -----------------------
+
+    def prefix_begin(self, request: Any, max_cache_hit_tokens: int) -> None:
+        if self.hits is None:
+            from statescope.capture_prefix import PrefixHitLog
+
+            self.hits = PrefixHitLog(self.spec.output_dir)
+            _chain_sigterm()
+            self._start_flusher()
+        self.hits.begin(request, max_cache_hit_tokens)
+
+    def prefix_group(self, kv_cache_spec: Any, max_length: int, hit: int, drop: bool) -> None:
+        if self.hits is not None:
+            from statescope.capture_prefix import group_kind
+
+            self.hits.group_lookup(group_kind(kv_cache_spec), max_length, hit, drop)
+
+    def prefix_end(self, hit_tokens: int) -> None:
+        if self.hits is not None:
+            self.hits.end(hit_tokens)
 
     def hook_error(self, what: str, exc: BaseException) -> None:
         self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
@@ -213,6 +241,11 @@ class Recorder:
         while not stop.is_set():
             self._wake.wait(self.spec.flush_interval_s)  # a CPU step with digests to reduce wakes it
             self._wake.clear()
+            if self.hits is not None:
+                try:
+                    self.hits.write()
+                except Exception as exc:  # recorded like a run's flusher error
+                    self.errors.append(f"prefix hits: {type(exc).__name__}: {exc}")
             for run in list(self.runs.values()):
                 try:
                     run.drain()
@@ -231,15 +264,22 @@ class Recorder:
     def flush(self) -> list[Path]:
         """Wait for the device once, write every finished step of every open run."""
         self._raise_flusher_error()
+        if self.hits is not None:
+            self.hits.write()
         for run in list(self.runs.values()):
             run.drain(force=True)
         return [r.writer.run_dir for r in self.runs.values()]
 
-    def close(self) -> list[Path]:
+    def close(self, closed_by: str = "close") -> list[Path]:
+        from statescope.capture_signals import sigterm_deferred
+
         self._stop.set()
         self._wake.set()
-        with self._lock:
+        with sigterm_deferred(), self._lock:  # a SIGTERM waits until the runs are written
+            if self.hits is not None:
+                self.hits.write()
             for key in list(self.runs):
+                self.runs[key].writer.note(closed_by=closed_by)
                 self._close_run(key)
         self._raise_flusher_error()  # after the runs are written and closed
         return list(self.closed)
@@ -311,12 +351,27 @@ def close() -> list[Path]:
     return rec.close() if rec is not None else []
 
 
+def _close_on_sigterm() -> None:
+    rec = _recorder[0]
+    if rec is not None:
+        rec.close(closed_by="SIGTERM")
+
+
+def _chain_sigterm() -> None:
+    from statescope.capture_signals import chain_sigterm
+
+    chain_sigterm(_close_on_sigterm)
+
+
 def uninstall() -> list[Path]:
     """Close the runs and remove every hook; returns the run dirs written."""
     from statescope.capture_hooks import uninstall_hooks
 
+    from statescope.capture_signals import unchain_sigterm
+
     dirs = close()
     uninstall_hooks()
+    unchain_sigterm()
     _recorder[0] = None
     return dirs
 
@@ -326,7 +381,7 @@ def _at_exit() -> None:
     rec = _recorder[0]
     if rec is not None:
         try:
-            rec.close()
+            rec.close(closed_by="process_exit")
         except Exception as exc:  # interpreter shutdown: report, never raise
             log.warning("statescope capture: final flush failed: %s", exc)
 

@@ -39,12 +39,14 @@ _COMMON = [
 ]
 
 NOT_COVERED = {
-    "0.32.0": ("recognised but not covered by statescope capture: it runs models on the V2 model "
-               "runner by default (vllm/v1/worker/gpu/model_runner.py, Mamba state handling in "
-               "model_states/mamba_hybrid.py, post-process via run_fused_postprocess_align with an "
-               "idx_mapping), which these hooks do not wrap, and get_mamba_groups returns a "
-               "{MambaSpec: [group ids]} dict. Capture on 0.26.0 or 0.28.0, or extend "
-               "statescope.capture_adapters for the V2 runner"),
+    "0.32.0": ("recognised but not covered by statescope capture: on a GPU it runs models on the V2 "
+               "model runner by default (vllm/v1/worker/gpu/model_runner.py, Mamba state handling "
+               "in vllm/v1/worker/gpu/model_states/mamba_hybrid.py, post-process via "
+               "MambaSpecDecodeGPUContext.run_fused_postprocess_align with an idx_mapping), "
+               "which these hooks do not wrap; get_mamba_groups returns a {MambaSpec: [group ids]} "
+               "dict; and its CPU build's V1 runner has not been verified against these hooks. "
+               "Capture on 0.26.0 or 0.28.0, or extend statescope.capture_adapters for the V2 "
+               "runner"),
 }
 
 

@@ -16,6 +16,9 @@ where anything differs and which kinds and layers differ there. ``shifts_by_requ
 per request, the steps at which the census saw an in-place conv shift (``left_shift_same_block``
 with bytes to move).
 
+Digest rows of draft columns (``column_offset`` > 0, spec ``draft_columns``) are compared only
+when asked for (``column_offset=j``); by default the running column is compared.
+
 What it deliberately does not do: decide which hypothesis a divergence supports (the verdict
 tools do) or compare runs of different workloads (rows that do not join are dropped).
 """
@@ -30,10 +33,12 @@ from statescope.errors import InputError
 KEYS = ["prompt_sha", "req_step", "layer", "kind"]
 
 
-def _with_offsets(run: CaptureRun) -> pd.DataFrame:
+def _with_offsets(run: CaptureRun, column_offset: int = 0) -> pd.DataFrame:
     d, st = run.digests(), run.steps()
     if d.empty:
         return d
+    if "column_offset" in d.columns:  # runs recorded with draft columns: one column at a time
+        d = d[d["column_offset"] == column_offset]
     off = st[["req_id", "engine_step", "conv_live_offset"]]
     return d.merge(off, on=["req_id", "engine_step"], how="left")
 
@@ -52,11 +57,12 @@ def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
-                conv: str = "live") -> pd.DataFrame:
-    """One row per joined (prompt, request step, layer, kind) with ``same``."""
+                conv: str = "live", column_offset: int = 0) -> pd.DataFrame:
+    """One row per joined (prompt, request step, layer, kind) with ``same``; ``column_offset``
+    picks the running column (0, default) or the j-th draft column after it."""
     if conv not in ("live", "window"):
         raise InputError(f"digest_diff conv={conv!r}: expected 'live' or 'window'")
-    da, db = _with_offsets(a), _with_offsets(b)
+    da, db = _with_offsets(a, column_offset), _with_offsets(b, column_offset)
     if da.empty or db.empty:
         return pd.DataFrame(columns=KEYS + ["same"])
     stats = [c for c in a.manifest.get("digest_stats", []) if c in da.columns and c in db.columns]

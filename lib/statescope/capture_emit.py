@@ -2,8 +2,8 @@
 
 What it does: ``RunEmitter`` is the half of ``statescope.capture_run.RunCapture`` that runs after
 a step's fence is done (flusher thread or explicit flush), on host values only: per-request step
-facts (with the accepted count read back and the first live row of the conv window), one digest
-row per (request, layer, kind) with per-token-row checksums for conv windows, one census row per
+facts (with the accepted counts read back — sampled and used — and the first live row of the conv
+window), one digest row per (request, layer, kind, digested column) with per-token-row checksums for conv windows, one census row per
 copy — decoded by ``statescope.census_decode`` and classified per launch by ``statescope.census``
 — and content-addressed snapshot tensors. On a CPU build the decoded census is cross-checked
 against the copies ``statescope.cpu_kernels`` reports doing (``observed`` column, counts in the
@@ -23,7 +23,7 @@ KINDS = ("conv", "ssm")
 
 class RunEmitter:
     """Mixin: expects ``writer``, ``geoms``, ``layers``, ``groups``, ``digester``, ``spec``,
-    ``crosscheck``, ``lock``, ``deferred_bytes`` and ``_reduce_into`` from ``RunCapture``."""
+    ``crosscheck`` and ``lock`` from ``RunCapture``."""
 
     def _emit(self, item: dict) -> None:
         if "packed" in item:  # GPU: the step's results arrived in one pinned buffer
@@ -32,16 +32,14 @@ class RunEmitter:
             item.update(zip(keys, values))
             for launch, data in zip(launches, values[len(keys):]):
                 launch.data = data
-        if "gathered" in item:
-            self._reduce_into(item, item.pop("gathered"))
-            with self.lock:
-                self.deferred_bytes -= item.pop("gathered_bytes")
         metas, es = item["metas"], item["engine_step"]
-        acc = item.get("accepted")
+        acc, used = item.get("accepted"), item.get("used")
         resets = self._window_resets(item)
         for r, meta in enumerate(metas):
             meta.setdefault("snapshot", False)
             meta["accepted"] = int(acc[r]) if acc is not None else None
+            meta["num_accepted_sampled"] = meta["accepted"]
+            meta["num_accepted_used"] = int(used[r]) if used is not None else None
             # first live row of the running block's conv window for the next read
             reset = resets.get(meta["req_id"], False)
             meta["conv_live_offset"] = 0 if reset or acc is None else max(0, int(acc[r]) - 1)
@@ -72,40 +70,35 @@ class RunEmitter:
         return out
 
     def _emit_digests(self, item: dict, metas: list, es: int) -> None:
-        """Columnar: one row per (kind, layer, request), built with numpy, no per-row Python."""
+        """Columnar: one row per (kind, layer, digested column), numpy arrays buffered by the
+        writer and joined into one table per write (not one per step)."""
         import numpy as np
-        import pyarrow as pa
 
-        stats, sums = item["stats"].numpy(), item["checksum"].numpy()  # [2, L, R, S], [2, L, R]
-        kinds, layers, reqs = sums.shape
-        group_pos = [self.groups.index(g) for _, g in self.layers]
-        blocks = np.array([[m["running_blocks"][p] for m in metas] for p in group_pos])  # [L, R]
-        per_kind = layers * reqs
-        tables = []
+        stats, sums = item["stats"].numpy(), item["checksum"].numpy()  # [2, L, C, S], [2, L, C]
+        _, layers, ncols = sums.shape
+        meta_of, offsets = np.asarray(item["digest_rows"], dtype=np.int64).reshape(-1, 2).T
+        per_kind = layers * ncols
+        common = {
+            "engine_step": np.full(per_kind, es, dtype=np.int64),
+            "req_id": np.tile(np.array([m["req_id"] for m in metas], dtype=object)[meta_of], layers),
+            "req_step": np.tile(np.array([m["req_step"] for m in metas], dtype=np.int64)[meta_of],
+                                layers),
+            "prompt_sha": np.tile(np.array([m["prompt_sha"] for m in metas],
+                                           dtype=object)[meta_of], layers),
+            "column_offset": np.tile(offsets, layers),
+            "layer": np.repeat(np.array([n for n, _ in self.layers], dtype=object), ncols),
+            "layer_index": np.repeat(np.arange(layers, dtype=np.int64), ncols),
+            "block_id": item["digest_blocks"].reshape(-1).astype(np.int64)}
         for k, kind in enumerate(KINDS):
-            cols = {
-                "engine_step": np.full(per_kind, es, dtype=np.int64),
-                "req_id": np.tile(np.array([m["req_id"] for m in metas], dtype=object), layers),
-                "req_step": np.tile(np.array([m["req_step"] for m in metas], dtype=np.int64), layers),
-                "prompt_sha": np.tile(np.array([m["prompt_sha"] for m in metas], dtype=object),
-                                      layers),
-                "layer": np.repeat(np.array([n for n, _ in self.layers], dtype=object), reqs),
-                "layer_index": np.repeat(np.arange(layers, dtype=np.int64), reqs),
-                "kind": np.full(per_kind, kind, dtype=object),
-                "block_id": blocks.reshape(-1).astype(np.int64),
-                "checksum": sums[k].reshape(-1).astype(np.int64)}
+            cols = dict(common, kind=np.full(per_kind, kind, dtype=object),
+                        checksum=sums[k].reshape(-1).astype(np.int64))
             for j, name in enumerate(self.digester.names):
                 cols[name] = stats[k, ..., j].reshape(-1).astype(np.float64)
-            table = pa.table(cols)
             if kind == "conv":  # per-token-row digests of the window (see capture_diff)
                 checks, rsums = item["conv_row_checks"].numpy(), item["conv_row_sums"].numpy()
-                t = checks.shape[-1]
-                table = table.append_column("row_checksums", pa.FixedSizeListArray.from_arrays(
-                    pa.array(checks.reshape(-1).astype(np.int64)), t))
-                table = table.append_column("row_sums", pa.FixedSizeListArray.from_arrays(
-                    pa.array(rsums.reshape(-1).astype(np.float64)), t))
-            tables.append(table)
-        self.writer.add_table("digests", pa.concat_tables(tables, promote_options="default"))
+                cols["row_checksums"] = checks.reshape(per_kind, -1).astype(np.int64)
+                cols["row_sums"] = rsums.reshape(per_kind, -1).astype(np.float64)
+            self.writer.add_columns("digests", cols)
 
     def _census_rows(self, launch: Any, item: dict, es: int) -> list[dict]:
         batch, block_ids = item["batch"], item["block_ids"]

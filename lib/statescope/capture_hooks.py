@@ -13,7 +13,10 @@ that already exists, and for the CPU runner, which inherits these methods):
 - ``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess`` -> fused census,
   told before the launch (``sink.fused_launch``) and after it (``sink.launch_done``);
 - ``statescope.cpu_kernels`` copy listener (CPU build only) -> ``sink.observed_copy(event)``;
-- ``gpu_worker.Worker.shutdown`` -> ``sink.worker_shutdown()`` (closes the runs cleanly).
+- ``gpu_worker.Worker.shutdown`` -> ``sink.worker_shutdown()`` (closes the runs cleanly);
+- scheduler side: ``KVCacheManager.get_computed_blocks`` -> ``sink.prefix_begin`` /
+  ``sink.prefix_end``, and every single-type manager's ``find_longest_cache_hit`` classmethod
+  -> ``sink.prefix_group`` (per-group hit lengths, ``statescope.capture_prefix``).
 
 Wrapping methods, not modules, keeps the hooks outside anything CUDA graphs or torch.compile
 capture. Every wrapper calls the original exactly once with the same arguments and returns its
@@ -162,6 +165,63 @@ def _worker_hooks() -> None:
     _wrap(cls, "shutdown", shutdown)
 
 
+def _wrap_classmethod(cls: type, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+    key = (cls, name)
+    if key in _originals:
+        return
+    original = cls.__dict__[name]  # the classmethod object itself, restored as is
+    _originals[key] = original
+    func = original.__func__
+    wrapper = make(func)
+    functools.update_wrapper(wrapper, func)
+    wrapper._statescope_capture = True  # type: ignore[attr-defined]
+    setattr(cls, name, classmethod(wrapper))
+
+
+def _scheduler_hooks() -> None:
+    """Prefix-cache lookups, in whichever process runs the scheduler (engine core)."""
+    import inspect
+
+    try:
+        kvm = importlib.import_module("vllm.v1.core.kv_cache_manager")
+        stm = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    except ImportError:
+        return
+
+    def computed_blocks(orig):
+        def wrapper(self, request, *args, **kwargs):
+            sink = _sink[0]
+            if sink is not None:
+                _guard("prefix_begin", sink.prefix_begin, request,
+                       int(getattr(request, "num_tokens", 0)) - 1)
+            out = orig(self, request, *args, **kwargs)
+            if sink is not None:
+                _guard("prefix_end", sink.prefix_end, out[1])
+            return out
+        return wrapper
+
+    def longest_hit(func):
+        sig = inspect.signature(func)
+
+        def wrapper(klass, *args, **kwargs):
+            out = func(klass, *args, **kwargs)
+            sink = _sink[0]
+            if sink is not None:
+                def note():
+                    a = sig.bind(klass, *args, **kwargs).arguments
+                    sink.prefix_group(a.get("kv_cache_spec"), a.get("max_length", 0), out[1],
+                                      bool(a.get("drop_eagle_block", False)))
+                _guard("prefix_group", note)
+            return out
+        return wrapper
+
+    _wrap(kvm.KVCacheManager, "get_computed_blocks", computed_blocks)
+    for cls in vars(stm).values():
+        if (isinstance(cls, type) and issubclass(cls, stm.SingleTypeKVCacheManager)
+                and isinstance(cls.__dict__.get("find_longest_cache_hit"), classmethod)):
+            _wrap_classmethod(cls, "find_longest_cache_hit", longest_hit)
+
+
 def _observed(event: Any) -> None:
     sink = _sink[0]
     if sink is not None:
@@ -175,6 +235,7 @@ def install_hooks(sink: Any, fused_precopy: bool) -> None:
     _runner_hooks(runner_mod.GPUModelRunner)
     _copy_hooks(mu, fused_precopy)
     _worker_hooks()
+    _scheduler_hooks()
     try:
         from statescope import cpu_kernels
 

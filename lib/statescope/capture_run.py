@@ -4,12 +4,16 @@ What it does, in the step (called from ``statescope.capture_hooks`` through the 
 ``begin_step`` notes what the scheduler scheduled (computed tokens at schedule time, scheduled
 and draft tokens, the prefix-cache hit of a newly scheduled request); the copy hooks note each
 copy launch (scalar: the host pointer arrays; fused: the launch's decision inputs, copied on the
-device); ``note_sampled`` counts accepted tokens per row on the device; ``end_step`` gathers the
+device; for the post-process also the accepted counts it is given, ``note_used``);
+``note_sampled`` counts accepted tokens per row on the device; ``end_step`` gathers the
 selected requests' running blocks, digests them (``statescope.digest``), takes the snapshots the
 spec asks for, starts the device->host copies and records a ``Fence``. Nothing in the step reads
-a device value on the host. On a CPU build only the gather (a copy of the blocks) happens in the
-step; its reduction runs in the recorder's flusher thread, off the step's path (up to
-``MAX_DEFERRED_BYTES`` may wait; beyond that the step reduces its own).
+a device value on the host. Digested per (layer, request): the running column and, with
+``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
+all in one gather per state kind and one set of reductions over all layers and columns. On a CPU
+build the gather reuses its buffers and the reduction runs in the step (handing the blocks to
+the flusher thread instead needs a fresh buffer per step and measured no faster on the shared
+two-core machine: the other core is rarely idle).
 
 Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
 done are turned into table rows by ``statescope.capture_emit`` (the ``RunEmitter`` base class)
@@ -26,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from statescope import census_decode as cd
@@ -35,8 +40,7 @@ from statescope.capture_store import CaptureWriter
 from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
                                to_host_async)
 
-PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted")
-MAX_DEFERRED_BYTES = 256 * 2**20  # CPU: gathered bytes that may wait for the flusher thread
+PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 
 
@@ -53,7 +57,8 @@ class _Launch:
 class _Step:
     engine_step: int
     sched: dict  # req_id -> dict of schedule-time facts
-    accepted: torch.Tensor | None = None
+    accepted: torch.Tensor | None = None  # per batch row: sampled by the rejection sampler
+    used: torch.Tensor | None = None  # per batch row: what the post-process kernel was given
     launches: list = field(default_factory=list)
     current: _Launch | None = None
     scalar_owners: dict = field(default_factory=dict)
@@ -77,6 +82,8 @@ class RunCapture(RunEmitter):
         self.groups, mspec = mamba_groups(kvc)
         self.block_size = int(mspec.block_size)
         self.layers = [(name, g) for g in self.groups for name in kvc.kv_cache_groups[g].layer_names]
+        self.group_set = set(self.groups)
+        self.layer_group_pos = [self.groups.index(g) for _, g in self.layers]
         from vllm.v1.worker import mamba_utils as mu
 
         dim_first = bool(getattr(mu, "is_conv_state_dim_first", lambda: False)())
@@ -96,7 +103,7 @@ class RunCapture(RunEmitter):
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
                         state_device=str(self.device))
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
-        self.lock = threading.Lock()  # guards ``pending`` (step thread vs flusher)
+        self.lock = threading.RLock()  # guards ``pending``; re-entrant for the SIGTERM handler
         self.drain_lock = threading.RLock()  # one drainer at a time (flusher vs explicit flush)
         self.pending: deque = deque()
         self.step: _Step | None = None
@@ -110,7 +117,6 @@ class RunCapture(RunEmitter):
         self.steps_since_write = 0
         self.last_write = time.monotonic()
         self.wake: threading.Event | None = None  # set by the recorder: wakes its flusher
-        self.deferred_bytes = 0
 
     # ---- in the step -------------------------------------------------------------------------
 
@@ -149,6 +155,12 @@ class RunCapture(RunEmitter):
         if self.step is not None:
             self.step.accepted = (output_token_ids != -1).sum(1)
 
+    def note_used(self, num_accepted: torch.Tensor) -> None:
+        """The accepted counts a state-update launch reads (cloned before the launch: the kernel
+        may rewrite them in place)."""
+        if self.step is not None:
+            self.step.used = num_accepted.to(torch.int64, copy=True)
+
     def scalar_meta(self, before: int, after: int, owner: dict) -> None:
         if self.step is not None:
             for off in range(before, after):
@@ -186,57 +198,68 @@ class RunCapture(RunEmitter):
         if step is None or not step.sched:
             return
         index = runner.input_batch.req_id_to_index
-        live = [rid for rid in step.sched if rid in index and rid in runner.requests]
+        requests = runner.requests
+        live = [rid for rid in step.sched if rid in index and rid in requests]
         sel = sorted((rid for rid in live if self._selected(runner, rid)["selected"]), key=index.get)
-        groups = set(self.groups)  # only Mamba groups' tables are needed (census decode, rows)
-        block_ids = {rid: tuple(list(b) if g in groups else None
-                                for g, b in enumerate(runner.requests[rid].block_ids))
-                     for rid in (live if step.launches else sel)}
-        batch = sorted(live, key=index.get)
-        metas, cols = [], []
-        for rid in sel:
+        mamba = self.group_set  # only Mamba groups' tables are needed (census decode, rows)
+        block_ids = {}
+        for rid in (live if step.launches else sel):
+            bids = requests[rid].block_ids
+            block_ids[rid] = tuple(list(b) if g in mamba else None for g, b in enumerate(bids))
+        metas, columns, digest_rows, running_pos = [], [], [], []
+        for r, rid in enumerate(sel):
             info, facts = self.reqs[rid], step.sched[rid]
             group_blocks = [block_ids[rid][g] for g in self.groups]
             col = _running_col(runner, rid, group_blocks[0], facts, self.block_size)
             running = [b[col] if col < len(b) else 0 for b in group_blocks]
-            cols.append(dict(zip(self.groups, running)))
+            running_pos.append(len(columns))
+            columns.append(running)
+            digest_rows.append((r, 0))
+            if self.spec.draft_columns:  # candidate states after each scheduled draft token
+                for j in range(1, facts["num_drafts"] + 1):
+                    blocks = [b[col + j] if col + j < len(b) else 0 for b in group_blocks]
+                    if all(blocks):
+                        columns.append(blocks)
+                        digest_rows.append((r, j))
             metas.append(dict(facts, engine_step=step.engine_step, req_id=rid,
                               prompt_sha=info["prompt_sha"], prompt_len=info["prompt_len"],
                               req_step=info["steps"], batch_row=index[rid], running_col=col,
                               running_blocks=running, mamba_block_ids=group_blocks,
                               block_size=self.block_size,
-                              num_computed_runner=int(runner.requests[rid].num_computed_tokens)))
+                              num_computed_runner=int(requests[rid].num_computed_tokens)))
             info["steps"] += 1
         out: dict[str, Any] = {"engine_step": step.engine_step, "metas": metas, "launches":
-                               step.launches, "block_ids": block_ids, "batch": batch}
+                               step.launches, "block_ids": block_ids,
+                               "batch": sorted(live, key=index.get)}
         if sel:
             states = self._states(runner)
-            idx = host_to_device(torch.tensor([[c[g] for c in cols] for _, g in self.layers],
-                                              dtype=torch.int64), self.device)
-            gathered = [self.digester.gather([s[k] for s in states], idx) for k in (0, 1)]
-            nbytes = sum(c.numel() * c.element_size() for g in gathered for c in g)
-            if not self.device_path and self.deferred_bytes + nbytes <= MAX_DEFERRED_BYTES:
-                out["gathered"] = gathered  # reduced by the flusher thread, off the step's path
-                out["gathered_bytes"] = nbytes
-                with self.lock:
-                    self.deferred_bytes += nbytes
-            else:
-                self._reduce_into(out, gathered)
-            if step.accepted is not None:
-                rows = host_to_device(torch.tensor([index[r] for r in sel]), step.accepted.device)
-                out["accepted"] = step.accepted.index_select(0, rows)
-            out["snaps"] = self._snapshots(states, idx, metas)
+            blocks = np.asarray(columns, dtype=np.int64)[:, self.layer_group_pos].T  # [L, C]
+            out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
+            idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
+            # CPU: reduce right here into kept buffers (no per-step allocation, no thread hand-off)
+            gathered = [self.digester.gather([s[k] for s in states], idx,
+                                             reuse=not self.device_path) for k in (0, 1)]
+            self._reduce_into(out, gathered)
+            rows = None
+            for key, counts in (("accepted", step.accepted), ("used", step.used)):
+                if counts is not None:
+                    if rows is None:
+                        rows = host_to_device(torch.tensor([index[r] for r in sel]), counts.device)
+                    out[key] = counts.index_select(0, rows)
+            out["snaps"] = self._snapshots(states, blocks[:, running_pos], metas)
         if self.device_path:
             self._pack(out)
         out["fence"] = Fence(self.device)
         with self.lock:
             self.pending.append(out)
-        if self.wake is not None and "gathered" in out:
-            self.wake.set()
 
     def _reduce_into(self, item: dict, gathered: list) -> None:
         stats, sums = zip(*(self.digester.reduce(g) for g in gathered))
-        item["stats"], item["checksum"] = torch.stack(stats), torch.stack(sums)
+        if self.device_path:
+            item["stats"], item["checksum"] = torch.stack(stats), torch.stack(sums)
+        else:  # host tensors: numpy stacks them without torch's per-op dispatch
+            item["stats"] = torch.from_numpy(np.stack([t.numpy() for t in stats]))
+            item["checksum"] = torch.from_numpy(np.stack([t.numpy() for t in sums]))
         conv = self.geoms[0]
         item["conv_row_checks"], item["conv_row_sums"] = self.digester.token_rows(
             gathered[0], conv.shape, 1 if conv.dim_rows else 0)
@@ -251,7 +274,8 @@ class RunCapture(RunEmitter):
         flat, layout = pack([item.pop(k) for k in keys] + [ln.data for ln in launches])
         item["packed"] = (to_host_async(flat), layout, keys, launches)
 
-    def _snapshots(self, states: list, idx: torch.Tensor, metas: list) -> list:
+    def _snapshots(self, states: list, blocks: np.ndarray, metas: list) -> list:
+        """Full snapshots the spec asks for; ``blocks`` is ``[L, R]`` (host) running blocks."""
         snaps = []
         per_req = sum(g.natural_bytes for g in self.geoms)
         for r, meta in enumerate(metas):
@@ -263,8 +287,9 @@ class RunCapture(RunEmitter):
                 continue
             self.snap_reserved += per_req
             meta["snapshot"] = True
+            ids = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks[:, r])), self.device)
             for k, kind in enumerate(KINDS):
-                t = gather_snapshot([s[k] for s in states], idx[:, r])
+                t = gather_snapshot([s[k] for s in states], ids)
                 snaps.append((r, kind, to_host_async(t)))
         return snaps
 

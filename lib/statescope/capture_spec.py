@@ -14,7 +14,12 @@ Spec fields (all optional except ``output_dir``)::
                  | {"prompt_prefixes": ["goal: "]} | {"episode_tags": ["[ep:3]"]},
      "full": {"pairs": [["3", 0], ["7", 2]], "first_steps": 2},       # request-local steps
      "max_bytes": 1000000000, "projections": 3, "digest_seed": 0, "census": true,
-     "flush_every_steps": 64, "flush_interval_s": 2.0}
+     "draft_columns": false, "flush_every_steps": 64, "flush_interval_s": 2.0}
+
+``draft_columns``: also digest the speculative columns after the running one (the candidate
+states after each scheduled draft token), as digest rows with ``column_offset`` 1..drafts. Off
+by default: with MTP(2) it triples the state bytes digested per step (docs/benchmarks.md has the
+measured cost).
 
 A request id matches an ``ids`` entry when equal, or when the part before vLLM's random ``-suffix``
 is equal (offline requests are ``"<n>-<hex>"``). ``prompt_prefixes`` / ``episode_tags`` are text,
@@ -39,7 +44,7 @@ ENV_CAPTURE = "STATESCOPE_CAPTURE"
 MODES = ("off", "digest", "full")
 REQUEST_KEYS = ("all", "sample", "seed", "ids", "prompt_prefixes", "episode_tags")
 TOP_KEYS = ("output_dir", "run_id", "mode", "requests", "full", "max_bytes", "projections",
-            "digest_seed", "census", "flush_every_steps", "flush_interval_s")
+            "digest_seed", "census", "draft_columns", "flush_every_steps", "flush_interval_s")
 
 
 def prompt_sha(token_ids: Sequence[int]) -> str:
@@ -72,6 +77,7 @@ class CaptureSpec:
     projections: int = 3
     digest_seed: int = 0
     census: bool = True
+    draft_columns: bool = False
     flush_every_steps: int = 64
     flush_interval_s: float = 2.0
     source: str = "<dict>"  # where the spec came from, for error messages and the manifest
@@ -138,8 +144,9 @@ class CaptureSpec:
             self._bad("projections", "an integer in 0..16")
         if not isinstance(self.flush_interval_s, (int, float)) or self.flush_interval_s <= 0:
             self._bad("flush_interval_s", "a positive number of seconds")
-        if not isinstance(self.census, bool):
-            self._bad("census", "true or false")
+        for name in ("census", "draft_columns"):
+            if not isinstance(getattr(self, name), bool):
+                self._bad(name, "true or false")
         if self.run_id is not None and (not isinstance(self.run_id, str) or "/" in self.run_id):
             self._bad("run_id", "null or a name without '/'")
         self._validate_requests()

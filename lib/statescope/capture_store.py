@@ -6,6 +6,30 @@ Layout of ``<output_dir>/<run_id>/``::
     tables/<name>-<part>.parquet   steps | digests | copies | snapshots (appended in parts)
     shards/shard-<n>.safetensors   full snapshots, keyed by sha256 of the tensor bytes
 
+Columns a reader may rely on (other tools read these names; keep them):
+
+- ``steps`` (one row per selected request per engine step): ``engine_step``, ``req_id``,
+  ``req_step`` (the request's own step counter), ``prompt_sha``, ``num_computed_tokens`` (at
+  schedule time), ``num_scheduled_tokens``, ``num_drafts`` (draft tokens scheduled),
+  ``running_col``, ``running_blocks`` / ``mamba_block_ids`` (per Mamba group), ``block_size``,
+  ``is_new``, ``prefix_hit_tokens`` (runner side: computed tokens of a newly scheduled request),
+  ``conv_live_offset``, and the accepted counts:
+
+  - ``num_accepted_sampled``: what the rejection sampler produced for the request in this step
+    (tokens of the row that are not -1: accepted drafts + 1); ``accepted`` is the same value
+    (its older name);
+  - ``num_accepted_used``: the count the state update was given for the request in this step —
+    the ``num_accepted_tokens`` entry of the request's batch row that the align-mode
+    post-process copy launch read (taken just before the launch). Null when the step launched no
+    post-process (no speculative decoding or no align mode). The two differ only when the
+    count reached the state update through a stale or permuted buffer (the async-scheduling
+    hypothesis).
+- ``digests`` (one row per request, layer, state kind and digested column): ``column_offset``
+  (0 = the running column; 1..drafts = the draft columns, spec ``draft_columns``), ``block_id``,
+  ``checksum`` and the float statistics named in the manifest's ``digest_stats``.
+- prefix-cache lookups of the scheduler: ``CaptureRun.prefix_hits()``
+  (``statescope.capture_prefix``, stored next to the runs under ``scheduler/``).
+
 What it does: ``CaptureWriter`` buffers rows and tensors and writes them in parts (tensor bytes are
 deduplicated by sha256, so an unchanged block costs nothing twice) with the manifest replaced
 atomically each time; ``CaptureRun`` loads a run back as pandas frames and tensors;
@@ -57,6 +81,7 @@ class CaptureWriter:
                              truncated=False, snapshots_skipped=0)
         self._rows: dict[str, list[dict]] = {t: [] for t in TABLES}
         self._tables: dict[str, list[Any]] = {t: [] for t in TABLES}
+        self._columns: dict[str, list[dict]] = {t: [] for t in TABLES}
         self._tensors: dict[str, Any] = {}
         self._known: dict[str, str] = {}  # sha -> shard file name
         self._parts = 0
@@ -76,6 +101,34 @@ class CaptureWriter:
         if table not in self._rows:
             raise InputError(f"capture table {table!r}: expected one of {TABLES}")
         self._tables[table].append(data)
+
+    def add_columns(self, table: str, columns: Mapping[str, Any]) -> None:
+        """Buffer rows given as equal-length numpy arrays (2-D arrays become fixed-size lists);
+        buffers with the same columns are joined into one table at ``write()``."""
+        if table not in self._rows:
+            raise InputError(f"capture table {table!r}: expected one of {TABLES}")
+        self._columns[table].append(dict(columns))
+
+    def _joined_columns(self, table: str) -> list[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        by_schema: dict[tuple, list[dict]] = {}
+        for cols in self._columns[table]:
+            by_schema.setdefault(tuple(cols), []).append(cols)
+        out = []
+        for names, parts in by_schema.items():
+            arrays = []
+            for name in names:
+                a = np.concatenate([p[name] for p in parts])
+                if a.ndim == 2:
+                    arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)),
+                                                                    a.shape[1]))
+                else:
+                    arrays.append(pa.array(a))
+            out.append(pa.table(arrays, names=list(names)))
+        self._columns[table] = []
+        return out
 
     def has_room(self, nbytes: int) -> bool:
         return self.bytes_written + self._pending_bytes + nbytes <= self.max_bytes
@@ -111,7 +164,8 @@ class CaptureWriter:
             self._tensors, self._pending_bytes = {}, 0
         wrote = False
         for table, rows in self._rows.items():
-            parts = self._tables[table] + ([pa.Table.from_pylist(rows)] if rows else [])
+            parts = (self._tables[table] + self._joined_columns(table)
+                     + ([pa.Table.from_pylist(rows)] if rows else []))
             if parts:
                 wrote = True
                 path = self.run_dir / "tables" / f"{table}-{self._parts + 1:05d}.parquet"
@@ -167,6 +221,14 @@ class CaptureRun:
 
     def snapshots(self) -> pd.DataFrame:
         return self.table("snapshots")
+
+    def prefix_hits(self) -> pd.DataFrame:
+        """The scheduler's prefix-cache lookups for this run's requests (written by the
+        process running the scheduler under ``<output_dir>/scheduler/``)."""
+        from statescope.capture_prefix import read_hits
+
+        steps = self.steps()
+        return read_hits(self.path.parent, None if steps.empty else steps["req_id"].unique())
 
     def tensor(self, sha: str, shard: str | None = None):
         from safetensors import safe_open

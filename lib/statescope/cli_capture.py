@@ -3,7 +3,8 @@
 What it does: ``add_capture_subcommands(subparsers)`` adds both subcommands to the main parser
 (``statescope.cli``). ``capture_command`` runs a small shared-prefix multi-step workload on an
 in-process engine with a capture spec (``--spec FILE``, or one built from the flags), and prints
-where the run was stored and its size. ``census_command`` prints the copy census of a run
+where the run was stored, its size and its perturbation report
+(``statescope.capture_session.perturbation_report``). ``census_command`` prints the copy census of a run
 (counts by kind, by launch and state kind, and the decoded-vs-observed cross-check). Both take
 ``--json``. Exit status: 0 when fine, 1 when the run or its census is not trustworthy (capture
 errors, or a census that disagrees with the copies the CPU kernels reported), 2 for bad input
@@ -59,18 +60,23 @@ def capture_command(args: argparse.Namespace) -> int:
                                 max_tokens=args.max_tokens)
         finally:
             dirs = capture.uninstall()
+    from statescope.capture_session import perturbation_report
+
     runs = [CaptureRun(d) for d in dirs]
     out = {"runs": [{"path": str(r.path), "bytes": r.size_bytes(), "status": r.manifest["status"],
                      "mode": r.manifest["mode"], "steps": len(r.steps()),
                      "truncated": r.manifest.get("truncated"),
-                     "errors": r.manifest.get("error_count", 0)} for r in runs],
+                     "errors": r.manifest.get("error_count", 0),
+                     "perturbation": perturbation_report(r)} for r in runs],
            "requests": len(rows)}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         for r in out["runs"]:
+            p = r["perturbation"]
             print(f"{r['path']}  {r['bytes'] / 2**20:.1f} MiB  mode={r['mode']} "
-                  f"steps={r['steps']} status={r['status']}")
+                  f"steps={r['steps']} status={r['status']}  forced_sync={p['forced_sync']} "
+                  f"forced_eager={p['forced_eager']} measured_overhead={p['measured_overhead']}")
     return 0 if runs and all(r["errors"] == 0 for r in out["runs"]) else 1
 
 

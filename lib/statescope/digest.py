@@ -5,7 +5,7 @@ list of same-shaped per-layer state tensors (conv windows or recurrent states, p
 ``as_strided`` views into padded page buffers) and reduces each to a short row of statistics,
 all with device ops that enqueue behind the step's own kernels:
 
-- float32 statistics (``stat_names``): sum, sum of squares, abs max, NaN count, Inf count and
+- float32 statistics (``stat_names``): sum, sum of squares, NaN count, Inf count and
   ``projections`` fixed random projections (seeded, one weight vector per state shape: these are
   position-sensitive, so a shifted or permuted window changes them);
 - an exact ``checksum``: the sum of the block's raw words (int16 words for bf16, int32 for
@@ -15,10 +15,13 @@ all with device ops that enqueue behind the step's own kernels:
   do not.
 
 NaN/Inf counts are exact. On a GPU they are always counted (a branch would synchronize); on
-CPU only when a row's sums say it holds any.
-The reductions are chosen to read the gathered bytes few times (one matmul gives sum and
-projections; norms need no temporaries), because on a CPU with a tiny model the digest competes
-with the model's own step.
+CPU only when a row's sums say it holds any, and the small results are assembled with numpy.
+``gather(..., reuse=True)`` writes into buffers kept between steps (for a caller that reduces in
+the step, as the CPU capture does).
+The reductions are chosen to read the gathered bytes few times — one matmul (sum and
+projections), one norm, one integer sum — because on a CPU with a tiny model the digest competes
+with the model's own step (an abs max, two more passes, was dropped for that reason: the sum of
+squares already shows a blow-up, the NaN/Inf counts garbage).
 
 ``gather_snapshot`` copies one request's blocks (all layers) for a full snapshot. ``pack`` joins a
 step's small result tensors into one byte buffer so that ``to_host_async`` moves them with one
@@ -35,9 +38,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
-BASE_STATS = ("sum", "sumsq", "absmax", "nan", "inf")
+BASE_STATS = ("sum", "sumsq", "nan", "inf")  # no abs max: two more passes, little to add
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CHUNK_BYTES = 16 * 2**20  # source bytes gathered at once; temporaries are up to 8x this
 
@@ -54,6 +58,7 @@ class Digester:
         self.seed = seed
         self.chunk_bytes = chunk_bytes
         self._weights: dict[tuple, torch.Tensor] = {}
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,10 +74,14 @@ class Digester:
             self._weights[key] = host_to_device(w, device)
         return self._weights[key]
 
-    def gather(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> list[torch.Tensor]:
+    def gather(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+               reuse: bool = False) -> list[torch.Tensor]:
         """Copy one block per (layer, request): ``states`` are L tensors ``[num_blocks, *shape]``
         of one kind, ``block_ids`` is ``[L, R]`` int64 on their device. Returns chunks
-        ``[Lc, R, numel]`` of at most ``chunk_bytes`` each (the only in-step work on CPU)."""
+        ``[Lc, R, numel]`` of at most ``chunk_bytes`` each (the only in-step work on CPU).
+        ``reuse``: write into buffers kept from the previous call of the same shape (no
+        allocation per step: megabytes freed and faulted in again every step cost more than the
+        copy on a CPU); the caller must be done with the previous chunks."""
         first = states[0]
         per_block = first[0].numel() * first.element_size()
         reqs = block_ids.shape[1]
@@ -80,8 +89,13 @@ class Digester:
         chunks = []
         for start in range(0, len(states), layers_per_chunk):
             part = states[start:start + layers_per_chunk]
-            out = torch.empty((len(part), reqs) + tuple(first.shape[1:]), dtype=first.dtype,
-                              device=first.device)
+            shape = (len(part), reqs) + tuple(first.shape[1:])
+            key = (shape, first.dtype, str(first.device), start)
+            out = self._buffers.get(key) if reuse else None
+            if out is None:
+                out = torch.empty(shape, dtype=first.dtype, device=first.device)
+                if reuse:
+                    self._buffers[key] = out
             for i, s in enumerate(part):  # one copy, straight into place
                 torch.index_select(s, 0, block_ids[start + i], out=out[i])
             chunks.append(out.view(len(part), reqs, -1))
@@ -89,6 +103,8 @@ class Digester:
 
     def reduce(self, chunks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(stats ``[L, R, len(names)]`` float32, checksum ``[L, R]`` int64) on the chunks' device."""
+        if len(chunks) == 1:
+            return self._reduce(chunks[0])
         stats, sums = zip(*(self._reduce(c) for c in chunks))
         return torch.cat(stats), torch.cat(sums)
 
@@ -113,26 +129,35 @@ class Digester:
         return torch.cat(checks).to(torch.int64), torch.cat(sums)
 
     def _reduce(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Few passes over the gathered bytes: one matmul (sum + projections), norm, min, max, one
-        integer sum; NaN/Inf are counted only in the rows whose sums say they have any."""
-        lc, reqs, n = g.shape
+        """Three passes over the gathered bytes: one matmul (sum + projections), one norm, one
+        integer sum. On a GPU the small results are assembled with device ops (a host branch
+        would synchronize); on CPU with numpy (a torch op costs ~10 us of dispatch, more than
+        these few hundred numbers), and NaN/Inf are counted only in the rows whose sums say
+        they hold any. Both give the same numbers."""
         x = g if g.dtype == torch.float32 else g.to(torch.float32)
-        sum_proj = x @ self._weights_for(n, g.device)  # [Lc, R, 1 + K]
-        sumsq = torch.linalg.vector_norm(x, 2, -1).square()
-        absmax = torch.maximum(x.amax(-1), x.amin(-1).neg())
-        probe = sum_proj[..., 0] + sumsq  # not finite iff the row holds a NaN or an Inf
-        if g.device.type == "cpu":  # a host branch costs nothing here: count only if needed
-            if bool(torch.isfinite(probe).all()):
-                nan = inf = torch.zeros_like(probe)
-            else:
-                nan, inf = torch.isnan(x).sum(-1).to(probe.dtype), torch.isinf(x).sum(-1).to(probe.dtype)
-        else:  # on a GPU a branch would synchronize; counting everything is cheap there
-            nan, inf = torch.isnan(x).sum(-1).to(probe.dtype), torch.isinf(x).sum(-1).to(probe.dtype)
-        stats = torch.cat([sum_proj[..., :1], torch.stack([sumsq, absmax, nan, inf], -1),
-                           sum_proj[..., 1:]], -1)
+        sum_proj = x @ self._weights_for(g.shape[-1], g.device)  # [Lc, R, 1 + K]
+        norm = torch.linalg.vector_norm(x, 2, -1)
         # int32 accumulation wraps: an exact sum modulo 2**32, independent of reduction order
         checksum = g.view(_INT_VIEW[g.element_size()]).sum(-1, dtype=torch.int32)
+        if g.device.type == "cpu":
+            return self._finish_on_host(x, sum_proj, norm, checksum)
+        nan, inf = torch.isnan(x).sum(-1).to(norm.dtype), torch.isinf(x).sum(-1).to(norm.dtype)
+        stats = torch.cat([sum_proj[..., :1], torch.stack([norm.square(), nan, inf], -1),
+                           sum_proj[..., 1:]], -1)
         return stats, checksum.to(torch.int64)
+
+    @staticmethod
+    def _finish_on_host(x: torch.Tensor, sum_proj: torch.Tensor, norm: torch.Tensor,
+                        checksum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sp = sum_proj.numpy()
+        sumsq = np.square(norm.numpy())
+        if np.isfinite(sp[..., 0] + sumsq).all():  # not finite iff a row holds a NaN or an Inf
+            nan = inf = np.zeros_like(sumsq)
+        else:
+            nan = torch.isnan(x).sum(-1).to(torch.float32).numpy()
+            inf = torch.isinf(x).sum(-1).to(torch.float32).numpy()
+        stats = np.concatenate([sp[..., :1], np.stack([sumsq, nan, inf], -1), sp[..., 1:]], -1)
+        return torch.from_numpy(stats), torch.from_numpy(checksum.numpy().astype(np.int64))
 
 
 def gather_snapshot(states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:
