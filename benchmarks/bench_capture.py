@@ -13,7 +13,8 @@ second of the whole process (the flusher thread's work included), and ``capture_
 CPU seconds spent inside the capture itself (``CaptureClock``: the hook sink, the flusher's
 emission, the final close — thread CPU time, which other processes' load on a shared machine does
 not inflate the way it inflates wall time) over the CPU seconds of an "off" round (medians).
-Goal: digest within 10%.
+Goal: digest within 10%. ``STATESCOPE_DIGEST_NATIVE=0`` measures the torch digest path instead
+of the C kernel (``statescope.digest``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 5] [--requests 12]
 """
@@ -154,8 +155,17 @@ def main() -> None:
     summary["goal_digest_within_10pct"] = {
         "ratio_best": summary["digest"]["ratio_best"] >= 0.9,
         "capture_cpu_share": summary["digest"]["capture_cpu_share"] <= 0.1}
+    try:
+        from statescope.digest import native_kernel
+    except ImportError:  # an older statescope (comparisons of the same command across versions)
+        native_kernel = None
+
     print(json.dumps({"summary": summary, "rounds": args.rounds, "requests": args.requests,
-                      "max_tokens": args.max_tokens, "out_dir": out_dir}, indent=2))
+                      "max_tokens": args.max_tokens, "out_dir": out_dir,
+                      # which digest ran: the C kernel in place, or torch gather + reductions
+                      "digest_kernel": ("c_in_place" if native_kernel() else "torch")
+                      if native_kernel else "torch (older statescope)",
+                      "load_avg": [round(x, 2) for x in os.getloadavg()]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from statescope import digest as digest_mod
 from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
                                stat_names, to_host_async, unpack)
 
@@ -92,6 +93,65 @@ def test_nan_and_inf_counts():
     many = [torch.full((8, 4), float("nan"))]
     stats, _ = Digester(0, 0).digest(many, torch.tensor([list(range(5))]))
     assert stats[0, :, 2].tolist() == [4.0] * 5
+
+
+def _kernel_or_skip():
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler: the digest runs on the torch path here")
+    assert digest_mod.native_kernel() is not None  # a compiler is there: the kernel must build
+
+
+def test_in_place_kernel_matches_the_torch_digest_on_padded_views():
+    _kernel_or_skip()
+    _, conv, ssm = _paged_states(num_blocks=9, conv_shape=(5, 48), ssm_shape=(2, 4, 40))
+    d = Digester(projections=3, seed=4)
+    ids = torch.tensor([[3, 0, 7], [8, 2, 3]])
+    for states, k in (([conv, conv], 3), ([ssm, ssm], 3), ([ssm, ssm], 5), ([conv, conv], 0)):
+        d = Digester(projections=k, seed=4)
+        stats, checks = d.digest(states, ids)
+        got = d.digest_in_place(states, ids, with_rows=states[0].dim() == 3)
+        assert got[0].shape == stats.shape and torch.equal(got[1], checks)  # exact, bit for bit
+        torch.testing.assert_close(got[0], stats, rtol=1e-4, atol=1e-3)
+        if states[0].dim() == 3:  # conv windows: per-token-row digests too
+            rows = d.token_rows(d.gather(states, ids), states[0].shape[1:], 0)
+            assert torch.equal(got[2], rows[0])
+            torch.testing.assert_close(got[3], rows[1], rtol=1e-5, atol=1e-4)
+        else:
+            assert got[2] is None and got[3] is None
+    # position-sensitive: a flipped block keeps its checksum, not its projections
+    d = Digester(projections=3, seed=4)
+    ssm[5].copy_(ssm[4].flip(-1))
+    a, b = d.digest_in_place([ssm], torch.tensor([[4, 5]]))[:2]
+    assert b[0, 0] == b[0, 1] and not torch.allclose(a[0, 0, 4:], a[0, 1, 4:])
+    ssm[4, 1, 2, 3] = float("nan")
+    ssm[5, 0, 0, 0] = float("-inf")
+    a, _ = d.digest_in_place([ssm], torch.tensor([[4, 5, 6]]))[:2]
+    assert a[0, :, 2:4].tolist() == [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="block ids"):
+        d.digest_in_place([ssm], torch.tensor([[9]]))
+
+
+def test_in_place_kernel_declines_what_it_does_not_cover(monkeypatch):
+    _kernel_or_skip()
+    _, conv, ssm = _paged_states()
+    d = Digester(2, 0)
+    ids = torch.tensor([[1, 2]])
+    assert d.digest_in_place([ssm.to(torch.float16)], ids) is None  # dtype
+    assert d.digest_in_place([conv.transpose(1, 2)], ids) is None  # blocks not contiguous
+    monkeypatch.setattr(digest_mod, "_native", [None])  # no compiler / STATESCOPE_DIGEST_NATIVE=0
+    assert d.digest_in_place([ssm], ids) is None
+
+
+def test_sumsq_is_optional():
+    _, _, ssm = _paged_states()
+    ids = torch.tensor([[3, 4]])
+    full, checks = Digester(2, 0).digest([ssm], ids)
+    lean, lean_checks = Digester(2, 0, sumsq=False).digest([ssm], ids)
+    assert Digester(2, 0, sumsq=False).names == ("sum", "nan", "inf", "proj0", "proj1")
+    assert torch.equal(checks, lean_checks)
+    torch.testing.assert_close(lean, full[..., [0, 2, 3, 4, 5]])
 
 
 def test_pack_unpack_round_trip():

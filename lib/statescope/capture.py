@@ -46,8 +46,10 @@ PERTURBATION = {
                ".item()/.tolist()/synchronize",
     "sync_points": ["flush()/close()/process exit: one wait on the last step's event"],
     "host_work_in_step": "Python bookkeeping per selected request; scalar-path pointer arrays "
-                         "(already on the host) copied; on CPU the block gather and the digest "
-                         "reductions themselves (the CPU has no other stream to put them on)",
+                         "(already on the host) copied; on CPU the digest itself (a C kernel "
+                         "reading each selected block once where it lies, GIL released; torch "
+                         "gather + reductions where it is unavailable): the CPU has no other "
+                         "stream to put it on",
 }
 _FUSED_ARGS = {
     "precopy": ("num_reqs", "state_idx_gpu", "src_col_gpu", "token_bias_gpu", "idx_mapping"),

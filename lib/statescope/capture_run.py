@@ -10,10 +10,11 @@ selected requests' running blocks, digests them (``statescope.digest``), takes t
 spec asks for, starts the device->host copies and records a ``Fence``. Nothing in the step reads
 a device value on the host. Digested per (layer, request): the running column and, with
 ``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
-all in one gather per state kind and one set of reductions over all layers and columns. On a CPU
-build the gather reuses its buffers and the reduction runs in the step (handing the blocks to
-the flusher thread instead needs a fresh buffer per step and measured no faster on the shared
-two-core machine: the other core is rarely idle).
+all in one call per state kind over all layers and columns. On a CPU build the digest runs in
+the step, straight from the blocks (``Digester.digest_in_place``, one pass, no gather; the torch
+gather + reductions into kept buffers where the C kernel is unavailable); handing the blocks to
+the flusher thread instead needs a copy per step and measured no faster on the shared two-core
+machine (the other core is rarely idle).
 
 Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
 done are turned into table rows by ``statescope.capture_emit`` (the ``RunEmitter`` base class)
@@ -37,8 +38,8 @@ from statescope import census_decode as cd
 from statescope.capture_adapters import mamba_groups
 from statescope.capture_emit import KINDS, RunEmitter
 from statescope.capture_store import CaptureWriter
-from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
-                               to_host_async)
+from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device,
+                               native_kernel, pack, to_host_async)
 
 PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
@@ -92,7 +93,8 @@ class RunCapture(RunEmitter):
             [(n, g, s) for (n, g), s in zip(self.layers, states)], dim_first)
         self.device = states[0][0].device
         # accelerator path: reduce in the step (async device ops) and pack results for one
-        # pinned copy. DEVICE_PATH_ON_CPU forces it on CPU so tests exercise the GPU logic.
+        # pinned copy. DEVICE_PATH_ON_CPU forces it on CPU so tests exercise the GPU logic
+        # (the digest numbers still come from the C kernel there: one implementation per host).
         self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
         self.digester = Digester(spec.projections, spec.digest_seed)
         spec_cfg = runner.vllm_config.speculative_config
@@ -101,7 +103,12 @@ class RunCapture(RunEmitter):
                         num_speculative_tokens=num_spec,
                         states=[g.to_dict() for g in self.geoms], block_size=self.block_size,
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
-                        state_device=str(self.device))
+                        state_device=str(self.device),  # the kernel is built here, not mid-step
+                        digest_kernel="c_in_place" if self.device.type == "cpu"
+                        and native_kernel() is not None else "torch",
+                        # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
+                        # of different versions or kernels agree on checksums, not on floats
+                        digest_version=2)
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
         self.lock = threading.RLock()  # guards ``pending``; re-entrant for the SIGTERM handler
         self.drain_lock = threading.RLock()  # one drainer at a time (flusher vs explicit flush)
@@ -236,10 +243,7 @@ class RunCapture(RunEmitter):
             blocks = np.asarray(columns, dtype=np.int64)[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
             idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
-            # CPU: reduce right here into kept buffers (no per-step allocation, no thread hand-off)
-            gathered = [self.digester.gather([s[k] for s in states], idx,
-                                             reuse=not self.device_path) for k in (0, 1)]
-            self._reduce_into(out, gathered)
+            self._digest_into(out, states, idx)
             rows = None
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
                 if counts is not None:
@@ -253,16 +257,30 @@ class RunCapture(RunEmitter):
         with self.lock:
             self.pending.append(out)
 
-    def _reduce_into(self, item: dict, gathered: list) -> None:
-        stats, sums = zip(*(self.digester.reduce(g) for g in gathered))
-        if self.device_path:
-            item["stats"], item["checksum"] = torch.stack(stats), torch.stack(sums)
-        else:  # host tensors: numpy stacks them without torch's per-op dispatch
-            item["stats"] = torch.from_numpy(np.stack([t.numpy() for t in stats]))
-            item["checksum"] = torch.from_numpy(np.stack([t.numpy() for t in sums]))
-        conv = self.geoms[0]
-        item["conv_row_checks"], item["conv_row_sums"] = self.digester.token_rows(
-            gathered[0], conv.shape, 1 if conv.dim_rows else 0)
+    def _digest_into(self, item: dict, states: list, idx: torch.Tensor) -> None:
+        """Digest both kinds in the step. CPU: straight from the blocks with the C kernel
+        (``Digester.digest_in_place``: one pass, no gather); where it does not apply (no
+        compiler, another dtype or layout) and on an accelerator, gather and reduce with torch
+        ops — on CPU into kept buffers (no per-step allocation, no thread hand-off), the
+        recurrent state chunk by chunk (each chunk reduced while still in cache)."""
+        geom, d = self.geoms[0], self.digester
+        conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
+        conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
+        ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
+        if conv is None or ssm is None:
+            reuse = not self.device_path
+            chunks = d.gather(conv_states, idx, reuse=reuse)
+            conv = d.reduce(chunks) + d.token_rows(chunks, geom.shape, 1 if geom.dim_rows else 0)
+            ssm = d.digest(ssm_states, idx, reuse=reuse)
+        elif conv[2] is None:  # DS layout: the token rows are columns of the block
+            conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
+        if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
+            item["stats"] = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
+            item["checksum"] = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
+        else:
+            item["stats"] = torch.stack([conv[0], ssm[0]])
+            item["checksum"] = torch.stack([conv[1], ssm[1]])
+        item["conv_row_checks"], item["conv_row_sums"] = conv[2], conv[3]
 
     def _pack(self, item: dict) -> None:
         """GPU: one pinned device->host copy for all of a step's small results (digests, accepted
@@ -300,7 +318,7 @@ class RunCapture(RunEmitter):
         with self.drain_lock:
             return self._drain(force)
 
-    def _drain(self, force: bool) -> int:
+    def _drain(self, force: bool, write: bool = True) -> int:
         done = []
         with self.lock:
             while self.pending and (force or self.pending[0]["fence"].done()):
@@ -311,7 +329,7 @@ class RunCapture(RunEmitter):
             self._emit(item)
         self.steps_since_write += len(done)
         idle = time.monotonic() - self.last_write > self.spec.flush_interval_s
-        if self.steps_since_write and (force or idle
+        if write and self.steps_since_write and (force or idle
                                        or self.steps_since_write >= self.spec.flush_every_steps):
             self.write()
         return len(done)
@@ -328,7 +346,7 @@ class RunCapture(RunEmitter):
             self._close(status)
 
     def _close(self, status: str) -> None:
-        self._drain(force=True)
+        self._drain(force=True, write=False)  # the writer's close writes the tables once
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
                          census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
         self.writer.close(status)

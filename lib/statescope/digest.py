@@ -1,27 +1,29 @@
 """Per-block state digests and snapshots computed on the state's own device, without host sync.
 
-What it does: ``Digester.digest(states, block_ids)`` gathers one block per (layer, request) from a
-list of same-shaped per-layer state tensors (conv windows or recurrent states, possibly
-``as_strided`` views into padded page buffers) and reduces each to a short row of statistics,
-all with device ops that enqueue behind the step's own kernels:
+What it does: ``Digester`` reduces one block per (layer, request) of a list of same-shaped
+per-layer state tensors (conv windows or recurrent states, possibly ``as_strided`` views into
+padded page buffers) to a short row of numbers. What each one detects:
 
-- float32 statistics (``stat_names``): sum, sum of squares, NaN count, Inf count and
-  ``projections`` fixed random projections (seeded, one weight vector per state shape: these are
-  position-sensitive, so a shifted or permuted window changes them);
-- an exact ``checksum``: the sum of the block's raw words (int16 words for bf16, int32 for
-  float32) modulo 2**32 (int32 accumulation wraps). Modular addition is associative, so identical
-  bytes give a bit-identical checksum on any device and batch size, and any single changed word
-  changes it. It ignores order; the projections (compared with a small relative tolerance)
-  do not.
+- ``checksum`` (exact): the block's raw words (int16 for bf16, int32 for float32) summed modulo
+  2**32. Identical bytes give a bit-identical checksum on any device, batch size or summation
+  order; any single changed word changes it. Blind to a permutation of the words.
+- ``proj0..`` (``projections`` of them): random bilinear forms ``u_j @ X @ v_j`` of the block
+  viewed as a matrix X (seeded Gaussian u_j, v_j per block shape). Position-sensitive: a
+  shifted, transposed or permuted state changes them (what the checksum cannot see); compared
+  with a small relative tolerance.
+- ``sum`` and ``sumsq`` (float): magnitude — a blow-up shows in the sum of squares. They add no
+  detection power the two above lack; ``sumsq`` is optional (``Digester(sumsq=False)``) for a
+  device where its extra pass costs.
+- ``nan`` / ``inf`` (exact counts): garbage. A non-finite sum flags a block; on a GPU they are
+  always counted (a host branch would synchronize), on a CPU only in flagged blocks.
 
-NaN/Inf counts are exact. On a GPU they are always counted (a branch would synchronize); on
-CPU only when a row's sums say it holds any, and the small results are assembled with numpy.
-``gather(..., reuse=True)`` writes into buffers kept between steps (for a caller that reduces in
-the step, as the CPU capture does).
-The reductions are chosen to read the gathered bytes few times — one matmul (sum and
-projections), one norm, one integer sum — because on a CPU with a tiny model the digest competes
-with the model's own step (an abs max, two more passes, was dropped for that reason: the sum of
-squares already shows a blow-up, the NaN/Inf counts garbage).
+How: on a CPU, ``digest_in_place`` reads every selected block once, where it lies, with a small C
+kernel (compiled on first use into the temp directory; ctypes, GIL released): all the numbers in
+one pass, no gather. Elsewhere (an accelerator, or no C compiler, or another dtype/layout)
+``digest`` gathers the blocks with ``index_select`` a chunk at a time and reduces each chunk
+with device ops that enqueue behind the step's own kernels: one batched matmul ``U @ X`` (sum
+and projections), one integer sum (checksum), one norm (sumsq). The two paths use the same
+weights; checksums agree bit for bit, floats up to rounding (so one run uses one path).
 
 ``gather_snapshot`` copies one request's blocks (all layers) for a full snapshot. ``pack`` joins a
 step's small result tensors into one byte buffer so that ``to_host_async`` moves them with one
@@ -31,62 +33,79 @@ event to query later. On CPU the transfers are no-ops (results are already fresh
 synchronize the stream).
 
 What it deliberately does not do: decide which blocks to digest (``statescope.capture``), read
-back results (the recorder does, once ``Fence.done()``), or call ``.item()``/``.tolist()``.
+back results (the recorder does, once ``Fence.done()``), or call ``.item()``/``.tolist()`` on
+an accelerator.
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import logging
 import math
-from typing import Sequence
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-BASE_STATS = ("sum", "sumsq", "nan", "inf")  # no abs max: two more passes, little to add
+log = logging.getLogger("statescope.digest")
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-CHUNK_BYTES = 16 * 2**20  # source bytes gathered at once; temporaries are up to 8x this
+# source bytes gathered and reduced at once: on a CPU the chunk stays in L2 between the gather
+# and the passes; on an accelerator large chunks keep the number of kernel launches down
+CHUNK_BYTES = {"cpu": 2**20, "other": 16 * 2**20}
 
 
-def stat_names(projections: int) -> tuple[str, ...]:
-    return BASE_STATS + tuple(f"proj{k}" for k in range(projections))
+def stat_names(projections: int, sumsq: bool = True) -> tuple[str, ...]:
+    """Float statistic columns, in order: sum, [sumsq], nan, inf, proj0..proj{K-1}."""
+    return ("sum",) + (("sumsq",) if sumsq else ()) + ("nan", "inf") + tuple(
+        f"proj{k}" for k in range(projections))
 
 
 class Digester:
-    """Digests of gathered state blocks; weights are cached per (state shape, device)."""
+    """Digests of state blocks; weights are cached per (block shape, device)."""
 
-    def __init__(self, projections: int = 3, seed: int = 0, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, projections: int = 3, seed: int = 0, chunk_bytes: int | None = None,
+                 sumsq: bool = True) -> None:
         self.projections = projections
         self.seed = seed
         self.chunk_bytes = chunk_bytes
-        self._weights: dict[tuple, torch.Tensor] = {}
+        self.sumsq = sumsq
+        self._weights: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     @property
     def names(self) -> tuple[str, ...]:
-        return stat_names(self.projections)
+        return stat_names(self.projections, self.sumsq)
 
-    def _weights_for(self, numel: int, device: torch.device) -> torch.Tensor:
-        key = (numel, str(device))
+    def _weights_for(self, rows: int, cols: int, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(U ``[1+K, rows]``, V ``[1+K, cols]``): statistic j of a block viewed as a matrix X
+        ``[rows, cols]`` is ``U[j] @ X @ V[j]``. Row 0 of both is ones (the plain sum); rows
+        1..K are seeded Gaussian vectors, so each projection is a random bilinear form."""
+        key = (rows, cols, str(device))
         if key not in self._weights:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + numel)
-            # column 0 of ones gives the plain sum from the same matmul as the projections
-            w = torch.cat([torch.ones(numel, 1),
-                           torch.randn(numel, self.projections, generator=gen)], 1)
-            self._weights[key] = host_to_device(w, device)
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + rows * cols)
+            u = torch.cat([torch.ones(1, rows), torch.randn(self.projections, rows, generator=gen)])
+            v = torch.cat([torch.ones(1, cols), torch.randn(self.projections, cols, generator=gen)])
+            self._weights[key] = (host_to_device(u, device), host_to_device(v, device))
         return self._weights[key]
 
-    def gather(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
-               reuse: bool = False) -> list[torch.Tensor]:
-        """Copy one block per (layer, request): ``states`` are L tensors ``[num_blocks, *shape]``
-        of one kind, ``block_ids`` is ``[L, R]`` int64 on their device. Returns chunks
-        ``[Lc, R, numel]`` of at most ``chunk_bytes`` each (the only in-step work on CPU).
-        ``reuse``: write into buffers kept from the previous call of the same shape (no
-        allocation per step: megabytes freed and faulted in again every step cost more than the
-        copy on a CPU); the caller must be done with the previous chunks."""
+    def iter_chunks(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+                    reuse: bool = False) -> Iterator[torch.Tensor]:
+        """Gather one block per (layer, request), a chunk of layers at a time: ``states`` are L
+        tensors ``[num_blocks, *shape]`` of one kind, ``block_ids`` ``[L, R]`` int64 on their
+        device -> chunks ``[Lc, R, *shape]`` of about ``chunk_bytes``. ``reuse``: write into
+        buffers kept from the previous call (no per-step allocation, which costs more than the
+        copy on a CPU); the caller must be done with a chunk before the next call."""
         first = states[0]
         per_block = first[0].numel() * first.element_size()
         reqs = block_ids.shape[1]
-        layers_per_chunk = max(1, self.chunk_bytes // max(1, per_block * max(1, reqs)))
-        chunks = []
+        chunk = self.chunk_bytes or CHUNK_BYTES["cpu" if first.device.type == "cpu" else "other"]
+        layers_per_chunk = max(1, chunk // max(1, per_block * max(1, reqs)))
         for start in range(0, len(states), layers_per_chunk):
             part = states[start:start + layers_per_chunk]
             shape = (len(part), reqs) + tuple(first.shape[1:])
@@ -98,20 +117,64 @@ class Digester:
                     self._buffers[key] = out
             for i, s in enumerate(part):  # one copy, straight into place
                 torch.index_select(s, 0, block_ids[start + i], out=out[i])
-            chunks.append(out.view(len(part), reqs, -1))
-        return chunks
+            yield out
 
-    def reduce(self, chunks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(stats ``[L, R, len(names)]`` float32, checksum ``[L, R]`` int64) on the chunks' device."""
-        if len(chunks) == 1:
-            return self._reduce(chunks[0])
-        stats, sums = zip(*(self._reduce(c) for c in chunks))
-        return torch.cat(stats), torch.cat(sums)
+    def gather(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+               reuse: bool = False) -> list[torch.Tensor]:  # for callers that need them again
+        return list(self.iter_chunks(states, block_ids, reuse))
 
-    def digest(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``reduce(gather(states, block_ids))``."""
-        return self.reduce(self.gather(states, block_ids))
+    def reduce(self, chunks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stats ``[L, R, len(names)]`` float32, checksum ``[L, R]`` int64) on the chunks'
+        device; a generator from ``iter_chunks`` has each chunk reduced while still in cache."""
+        return self._finish([self._passes(c) for c in chunks])
+
+    def digest(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+               reuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather and reduce chunk by chunk: ``reduce(iter_chunks(states, block_ids, reuse))``."""
+        return self.reduce(self.iter_chunks(states, block_ids, reuse))
+
+    def digest_in_place(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+                        with_rows: bool = False) -> tuple | None:
+        """CPU: ``(stats, checksum, row_checks, row_sums)`` read from the blocks where they lie,
+        in one pass, by the C kernel: what ``digest`` gives (checksums bit-identical, floats up
+        to rounding) plus, ``with_rows``, per matrix row of a block what ``token_rows`` gives
+        (conv windows, SD layout; else None). None where it does not apply: not on a CPU, no
+        kernel, not float32/bfloat16, or blocks not contiguous."""
+        first = states[0]
+        fn = native_kernel() if first.device.type == "cpu" else None
+        if fn is None or first.dtype not in (torch.float32, torch.bfloat16) or first.dim() < 2 \
+                or not all(s.dtype == first.dtype and s.shape[1:] == first.shape[1:]
+                           and _block_contiguous(s) for s in states):
+            return None
+        ids = np.ascontiguousarray(block_ids.numpy(), dtype=np.int64)
+        layers, reqs = ids.shape
+        if ids.size and (ids.min() < 0 or (ids.max(1) >= [s.shape[0] for s in states]).any()):
+            raise ValueError(f"digest: block ids outside 0..{first.shape[0] - 1}")
+        cols = first.shape[-1]
+        rows = math.prod(first.shape[1:]) // cols
+        u, v = self._weights_for(rows, cols, first.device)
+        k = self.projections
+        bases = np.array([s.data_ptr() for s in states], dtype=np.int64)
+        strides = np.array([s.stride(0) * s.element_size() for s in states], dtype=np.int64)
+        raw = np.empty((layers, reqs, 2 + k), np.float32)
+        check = np.empty((layers, reqs), np.int64)
+        row_checks = np.empty((layers, reqs, rows), np.int64) if with_rows else None
+        row_sums = np.empty((layers, reqs, rows), np.float32) if with_rows else None
+        if fn(bases.ctypes.data, strides.ctypes.data, ids.ctypes.data, layers, reqs, rows, cols,
+              first.element_size(), k, u[1:].data_ptr(), v[1:].data_ptr(), raw.ctypes.data,
+              check.ctypes.data, row_checks.ctypes.data if with_rows else None,
+              row_sums.ctypes.data if with_rows else None):
+            return None  # out of memory in the kernel: the caller falls back
+        counts = np.zeros((layers, reqs, 2), np.float32)
+        if not np.isfinite(raw[..., :2]).all():  # some block holds a NaN/Inf (or overflowed)
+            for li, r in zip(*np.nonzero(~np.isfinite(raw[..., :2]).all(-1))):
+                block = states[li][int(ids[li, r])]
+                counts[li, r] = [torch.isnan(block).sum().item(), torch.isinf(block).sum().item()]
+        stats = np.concatenate([raw[..., :1]] + ([raw[..., 1:2]] if self.sumsq else [])
+                               + [counts, raw[..., 2:]], -1)
+        rows_out = (torch.from_numpy(row_checks), torch.from_numpy(row_sums)) if with_rows \
+            else (None, None)
+        return (torch.from_numpy(stats), torch.from_numpy(check)) + rows_out
 
     @staticmethod
     def token_rows(chunks: Sequence[torch.Tensor], block_shape: Sequence[int], token_axis: int
@@ -126,38 +189,51 @@ class Digester:
                 w = w.transpose(-1, -2).contiguous()
             checks.append(w.view(_INT_VIEW[w.element_size()]).sum(-1, dtype=torch.int32))
             sums.append(w.to(torch.float32).sum(-1))
+        if len(chunks) == 1:
+            return checks[0].to(torch.int64), sums[0]
         return torch.cat(checks).to(torch.int64), torch.cat(sums)
 
-    def _reduce(self, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Three passes over the gathered bytes: one matmul (sum + projections), one norm, one
-        integer sum. On a GPU the small results are assembled with device ops (a host branch
-        would synchronize); on CPU with numpy (a torch op costs ~10 us of dispatch, more than
-        these few hundred numbers), and NaN/Inf are counted only in the rows whose sums say
-        they hold any. Both give the same numbers."""
+    def _passes(self, g: torch.Tensor) -> tuple:
+        """The passes over one chunk ``[Lc, R, *shape]``: one batched matmul (sum and the
+        bilinear projections), one integer sum (checksum), and the norm if ``sumsq``."""
+        lc, reqs = g.shape[:2]
+        cols = g.shape[-1] if g.dim() > 2 else 1
         x = g if g.dtype == torch.float32 else g.to(torch.float32)
-        sum_proj = x @ self._weights_for(g.shape[-1], g.device)  # [Lc, R, 1 + K]
-        norm = torch.linalg.vector_norm(x, 2, -1)
+        x = x.reshape(lc, reqs, -1, cols)  # a view: the chunk is contiguous
+        u, v = self._weights_for(x.shape[2], cols, g.device)
+        # U @ X reads the block once ([1+K, cols] per block), the V side is a few numbers
+        sum_proj = torch.linalg.vecdot(torch.matmul(u, x), v)  # [Lc, R, 1 + K]
+        flat = g.reshape(lc, reqs, -1)
         # int32 accumulation wraps: an exact sum modulo 2**32, independent of reduction order
-        checksum = g.view(_INT_VIEW[g.element_size()]).sum(-1, dtype=torch.int32)
-        if g.device.type == "cpu":
-            return self._finish_on_host(x, sum_proj, norm, checksum)
-        nan, inf = torch.isnan(x).sum(-1).to(norm.dtype), torch.isinf(x).sum(-1).to(norm.dtype)
-        stats = torch.cat([sum_proj[..., :1], torch.stack([norm.square(), nan, inf], -1),
-                           sum_proj[..., 1:]], -1)
-        return stats, checksum.to(torch.int64)
+        checksum = flat.view(_INT_VIEW[g.element_size()]).sum(-1, dtype=torch.int32)
+        norm = torch.linalg.vector_norm(x, 2, (-2, -1)) if self.sumsq else None
+        return sum_proj, checksum, norm, x
 
     @staticmethod
-    def _finish_on_host(x: torch.Tensor, sum_proj: torch.Tensor, norm: torch.Tensor,
-                        checksum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        sp = sum_proj.numpy()
-        sumsq = np.square(norm.numpy())
-        if np.isfinite(sp[..., 0] + sumsq).all():  # not finite iff a row holds a NaN or an Inf
-            nan = inf = np.zeros_like(sumsq)
-        else:
-            nan = torch.isnan(x).sum(-1).to(torch.float32).numpy()
-            inf = torch.isinf(x).sum(-1).to(torch.float32).numpy()
-        stats = np.concatenate([sp[..., :1], np.stack([sumsq, nan, inf], -1), sp[..., 1:]], -1)
-        return torch.from_numpy(stats), torch.from_numpy(checksum.numpy().astype(np.int64))
+    def _finish(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Assemble the columns. NaN/Inf are counted with device ops on an accelerator (a host
+        branch on the sums would synchronize); on a CPU only in a chunk whose sum or sum of
+        squares is not finite (which a NaN/Inf makes it, as does an overflow)."""
+        stats, sums = [], []
+        for sum_proj, checksum, norm, x in parts:
+            cols = [sum_proj[..., :1]] + ([norm.square().unsqueeze(-1)] if norm is not None else [])
+            if x.device.type == "cpu" and bool(torch.isfinite(torch.cat(cols, -1)).all()):
+                cols.append(sum_proj.new_zeros(sum_proj.shape[:-1] + (2,)))
+            else:
+                counts = [torch.isnan(x).sum((-2, -1)), torch.isinf(x).sum((-2, -1))]
+                cols.append(torch.stack(counts, -1).to(sum_proj.dtype))
+            stats.append(torch.cat(cols + [sum_proj[..., 1:]], -1))
+            sums.append(checksum)
+        if len(parts) == 1:
+            return stats[0], sums[0].to(torch.int64)
+        return torch.cat(stats), torch.cat(sums).to(torch.int64)
+
+
+def _block_contiguous(s: torch.Tensor) -> bool:
+    """Whether each block ``s[i]`` is one contiguous run of memory (from the strides alone)."""
+    shape, strides = s.shape[1:], s.stride()[1:]
+    return all(n == 1 or st == math.prod(shape[i + 1:])
+               for i, (n, st) in enumerate(zip(shape, strides)))
 
 
 def gather_snapshot(states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:
@@ -217,3 +293,109 @@ class Fence:
     def wait(self) -> None:
         if self.event is not None:
             self.event.synchronize()
+
+
+# ---- CPU: one pass over the blocks in place (no gather), a small C kernel built on first use ----
+
+ENV_NATIVE = "STATESCOPE_DIGEST_NATIVE"  # "0": always use the torch reductions
+_NATIVE_SRC = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+/* One pass over each selected block, a rows x cols matrix (contiguous, float32 or bfloat16):
+   per-column float accumulators of the sum, the sum of squares and the k row-weighted sums
+   u_j . X, per-column uint32 sums of the raw words (the checksum), combined in double. */
+static void acc_row(const float *restrict a, int64_t cols, int64_t k, const float *restrict wu,
+                    float *restrict s0, float *restrict sq, float *restrict pj) {
+  if (k == 3) {  /* the default: every accumulator in one loop */
+    float *restrict p0 = pj, *restrict p1 = pj + cols, *restrict p2 = pj + 2 * cols;
+    for (int64_t c = 0; c < cols; ++c) { float x = a[c]; s0[c] += x; sq[c] += x * x;
+      p0[c] += wu[0] * x; p1[c] += wu[1] * x; p2[c] += wu[2] * x; }
+    return;
+  }
+  for (int64_t c = 0; c < cols; ++c) { s0[c] += a[c]; sq[c] += a[c] * a[c]; }
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t c = 0; c < cols; ++c) pj[j * cols + c] += wu[j] * a[c];
+}
+
+static uint32_t words(const char *row, int64_t cols, int64_t elem, uint32_t *restrict ck) {
+  uint32_t total = 0, w;  /* int16 words sign-extended, as torch's int32 sum of them does */
+  for (int64_t c = 0; c < cols; ++c) {
+    w = elem == 4 ? ((const uint32_t *)row)[c] : (uint32_t)(int32_t)((const int16_t *)row)[c];
+    ck[c] += w; total += w; }
+  return total;
+}
+
+int statescope_digest(const int64_t *bases, const int64_t *strides, const int64_t *ids,
+                      int64_t layers, int64_t reqs, int64_t rows, int64_t cols, int64_t elem,
+                      int64_t k, const float *u, const float *v, float *stats, int64_t *check,
+                      int64_t *row_check, float *row_sum) {
+  float *acc = malloc(sizeof(float) * (size_t)(cols * (k + 3) + k + cols));
+  if (!acc) return 1;
+  float *s0 = acc, *sq = s0 + cols, *tmp = sq + cols, *pj = tmp + cols, *wu = pj + k * cols;
+  uint32_t *ck = (uint32_t *)(wu + k);
+  for (int64_t b = 0; b < layers * reqs; ++b) {
+    const char *x = (const char *)bases[b / reqs] + ids[b] * strides[b / reqs];
+    memset(acc, 0, sizeof(float) * (size_t)(cols * (k + 3) + k + cols));
+    for (int64_t m = 0; m < rows; ++m) {
+      const char *row = x + m * cols * elem;
+      const float *a = (const float *)row;
+      if (elem == 2) { const uint16_t *h = (const uint16_t *)row;  /* bf16: the high half */
+        for (int64_t c = 0; c < cols; ++c) {
+          uint32_t bits = (uint32_t)h[c] << 16; memcpy(tmp + c, &bits, 4); }
+        a = tmp; }
+      for (int64_t j = 0; j < k; ++j) wu[j] = u[j * rows + m];
+      acc_row(a, cols, k, wu, s0, sq, pj);
+      uint32_t rc = words(row, cols, elem, ck);
+      if (row_check) { double s = 0; for (int64_t c = 0; c < cols; ++c) s += a[c];
+        row_check[b * rows + m] = (int32_t)rc; row_sum[b * rows + m] = (float)s; }
+    }
+    double sum = 0, sumsq = 0; uint32_t total = 0;
+    for (int64_t c = 0; c < cols; ++c) { sum += s0[c]; sumsq += sq[c]; total += ck[c]; }
+    float *out = stats + b * (2 + k);
+    out[0] = (float)sum; out[1] = (float)sumsq; check[b] = (int32_t)total;
+    for (int64_t j = 0; j < k; ++j) { double p = 0;
+      for (int64_t c = 0; c < cols; ++c) p += (double)pj[j * cols + c] * v[j * cols + c];
+      out[2 + j] = (float)p; }
+  }
+  free(acc);
+  return 0;
+}
+"""
+_NATIVE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC") + (
+    ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
+_native: list = []  # [the kernel, or None when it cannot be built here]
+
+
+def native_kernel() -> Any:
+    """The C digest kernel (ctypes; it releases the GIL), compiled once per host into the temp
+    directory; None where no C compiler works or ``STATESCOPE_DIGEST_NATIVE=0``."""
+    if _native:
+        return _native[0]
+    fn = None
+    if os.environ.get(ENV_NATIVE, "1") != "0":
+        try:
+            key = hashlib.sha256((_NATIVE_SRC + str(_NATIVE_FLAGS) + platform.node())
+                                 .encode()).hexdigest()[:16]
+            # a private folder per user: a library others could write is never loaded
+            folder = Path(tempfile.gettempdir()) / f"statescope-native-{os.getuid()}"
+            folder.mkdir(mode=0o700, exist_ok=True)
+            if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
+                raise PermissionError(f"{folder} is not private to this user")
+            lib = folder / f"digest-{key}.so"
+            if not lib.exists():  # build under a private name, publish atomically
+                src = folder / f"digest-{key}-{os.getpid()}.c"
+                src.write_text(_NATIVE_SRC)
+                tmp = src.with_suffix(".so")
+                subprocess.run(["cc", *_NATIVE_FLAGS, "-o", str(tmp), str(src)], check=True,
+                               capture_output=True, timeout=120)
+                os.replace(tmp, lib)
+                src.unlink()
+            fn = ctypes.CDLL(str(lib)).statescope_digest
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_void_p] * 6
+        except Exception as exc:  # no compiler, sandbox, ...: the torch reductions still work
+            log.info("statescope digest: native kernel unavailable (%s); using torch", exc)
+            fn = None
+    _native.append(fn)
+    return fn
