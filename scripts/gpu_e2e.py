@@ -215,7 +215,7 @@ def overhead(runner, bs: int) -> dict:
 
     vocab = runner.engine.llm.get_tokenizer().vocab_size
     prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
-    rows = gpu_e2e.overhead_rounds(runner, prompts, rounds=5, max_tokens=64, capture_dir="/tmp/statescope_overhead")
+    rows = gpu_e2e.overhead_rounds(runner, prompts, rounds=5, max_tokens=64, capture_dir=str(Path(tempfile.gettempdir()) / "statescope_overhead"))
     return {"rows": rows, "ratios": gpu_e2e.overhead_ratios(rows), "prompts": len(prompts),
             "prompt_tokens": [len(p) for p in prompts][:1], "max_tokens": 64}
 
@@ -263,7 +263,7 @@ def large_overhead(cpu: bool) -> dict:
         from statescope.gpu_compat import enable_qwen35_text
 
         enable_qwen35_text()
-    d = gpu_models.large_hybrid_dir(ROOT / MODELS["tiny-gui"], "/tmp/statescope_large",
+    d = gpu_models.large_hybrid_dir(ROOT / MODELS["tiny-gui"], str(Path(tempfile.gettempdir()) / "statescope_large"),
                                     **({"layers": 4, "hidden": 256} if cpu else {}))
     cfg = json.loads((d / "config.json").read_text())
     extra = dict(gpu_e2e.gpu_extra() if not cpu else {}, load_format="dummy")

@@ -32,14 +32,16 @@ def test_held_out_steps_through_vllm_with_64_token_blocks(engine):
 
 
 def test_zeroed_gdn_state_mid_answer_is_measured(engine):
-    """Zeroing every GDN conv window mid-answer must change some answers (the model reads them);
-    the recurrent-state and per-layer fractions are recorded in vllm_metrics.json, not asserted
-    (they are ~0 for the committed model: see docs/tiny-model.md)."""
+    """A mid-answer state fault reaches the answers it targets: a NaN conv window in every GDN layer
+    changes every eligible answer (vLLM turns it into the `!!!!` symptom); zeroed conv windows and
+    recurrent states are measured on the same requests and recorded in vllm_metrics.json, not
+    asserted (~0-3 % for the committed CPU-trained model, 48 % conv for its GPU-trained twin: see
+    docs/tiny-model.md)."""
     from statescope import tiny_vllm
 
-    res = tiny_vllm.fault_sensitivity(engine, episodes=3, layer_sets=(None,))
-    assert set(res) == {"zero_conv/all", "zero_ssm/all"}
+    res = tiny_vllm.fault_sensitivity(engine, episodes=3, layer_sets=(None,),
+                                      kinds=("nan_conv", "zero_conv", "zero_ssm"))
+    assert set(res) == {"nan_conv/all", "zero_conv/all", "zero_ssm/all"}
     for r in res.values():
         assert r["eligible"] >= 8 and r["planted_req_ids"] > 0, res
-    # committed model: zeroing every GDN conv window mid-answer changed 31/65 answers
-    assert res["zero_conv/all"]["changed"] > 0, res
+    assert res["nan_conv/all"]["changed"] == res["nan_conv/all"]["eligible"], res
