@@ -34,12 +34,12 @@ def test_plain_text_is_not_a_secret():
 
 def test_env_secret_values_paths_hosts_and_ips_are_replaced(monkeypatch):
     monkeypatch.setattr(scrub, "_host_names", lambda: ["gpu-node-17.example.internal"])
-    env = {"MY_SERVICE_TOKEN": "opaque-value-without-shape", "HOME": "/home/alice"}
+    env = {"MY_SERVICE_TOKEN": "opaque-value-without-shape", "HOME": "/Users/alice"}
     s = Scrubber.for_environment(env)
-    text = (f"token opaque-value-without-shape at {REPO}/runs/x and /home/alice/.cache on "
+    text = (f"token opaque-value-without-shape at {REPO}/runs/x and /Users/alice/.cache on "
             "gpu-node-17.example.internal (10.2.3.4, 192.168.0.9) via 127.0.0.1")
     out = s.scrub(text)
-    for leaked in ("opaque-value-without-shape", str(REPO), "/home/alice", "gpu-node-17",
+    for leaked in ("opaque-value-without-shape", str(REPO), "/Users/alice", "gpu-node-17",
                    "10.2.3.4", "192.168.0.9"):
         assert leaked not in out, (leaked, out)
     assert "[redacted:MY_SERVICE_TOKEN]" in out and "[repo]/runs/x" in out
