@@ -16,6 +16,12 @@ where anything differs and which kinds and layers differ there. ``shifts_by_requ
 per request, the steps at which the census saw an in-place conv shift (``left_shift_same_block``
 with bytes to move).
 
+Runs recorded with different digest versions (``digest_version`` in the manifest: the projections
+changed definition in version 2) agree only on checksums, so only checksums are compared and a
+``DigestMismatchWarning`` says so; runs digested by different kernels (``digest_kernel``: the CPU
+C kernel vs the torch path) compare as usual (their floats agree to ~4e-6 relative, inside the
+default ``rtol``) with a warning, since a tighter ``rtol`` would flag kernel noise as divergence.
+
 Digest rows of draft columns (``column_offset`` > 0, spec ``draft_columns``) are compared only
 when asked for (``column_offset=j``); by default the running column is compared.
 
@@ -24,6 +30,8 @@ tools do) or compare runs of different workloads (rows that do not join are drop
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -31,6 +39,25 @@ from statescope.capture_store import CaptureRun
 from statescope.errors import InputError
 
 KEYS = ["prompt_sha", "req_step", "layer", "kind"]
+
+
+class DigestMismatchWarning(UserWarning):
+    """Two runs' digests were made by different digest versions or kernels."""
+
+
+def comparable_stats(a: CaptureRun, b: CaptureRun) -> bool:
+    """False when the two runs' float statistics are not comparable (different digest versions);
+    warns when only the kernels differ."""
+    va, vb = a.manifest.get("digest_version", 1), b.manifest.get("digest_version", 1)
+    if va != vb:
+        warnings.warn(f"digest_version {va} vs {vb}: comparing checksums only (float statistics "
+                      "changed definition between versions)", DigestMismatchWarning, stacklevel=3)
+        return False
+    ka, kb = a.manifest.get("digest_kernel"), b.manifest.get("digest_kernel")
+    if ka != kb:
+        warnings.warn(f"digest_kernel {ka} vs {kb}: float statistics agree only to ~4e-6 relative; "
+                      "keep rtol >= 1e-5", DigestMismatchWarning, stacklevel=3)
+    return True
 
 
 def _with_offsets(run: CaptureRun, column_offset: int = 0) -> pd.DataFrame:
@@ -66,6 +93,8 @@ def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
     if da.empty or db.empty:
         return pd.DataFrame(columns=KEYS + ["same"])
     stats = [c for c in a.manifest.get("digest_stats", []) if c in da.columns and c in db.columns]
+    if not comparable_stats(a, b):
+        stats = []
     m = da.merge(db, on=KEYS, suffixes=("_a", "_b"))
     va, vb = m[[s + "_a" for s in stats]].to_numpy(float), m[[s + "_b" for s in stats]].to_numpy(float)
     m["stat_rel_diff"] = _rel(va, vb).max(axis=1) if stats else 0.0
@@ -82,7 +111,8 @@ def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
             ok = ca is not None and ca == cb and len(sa) == len(sb) and bool(
                 (_rel(np.array(sa, float), np.array(sb, float)) <= rtol).all())
             live.append(ok)
-        m.loc[is_conv, "same"] = live
+        if live:  # a table without conv rows (e.g. a recurrent-only spec) has nothing to set
+            m.loc[is_conv, "same"] = live
     return m
 
 
