@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 CHROME_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 last_export_error: str | None = None
@@ -32,39 +32,52 @@ def chrome_path() -> str | None:
     return None
 
 
+def _exporter_missing() -> str | None:
+    """Why no PNG can be exported here (no Chrome, no kaleido), or None; points kaleido at Chrome."""
+    chrome = chrome_path()
+    if chrome is None:
+        return "no Chrome/Chromium found (install Debian's `chromium`, or set BROWSER_PATH)"
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return "kaleido is not installed (pip install kaleido)"
+    os.environ.setdefault("BROWSER_PATH", chrome)
+    return None
+
+
+def _run_with_timeout(export: Callable[[], None], timeout_s: float) -> BaseException | str | None:
+    """Run `export` in a daemon thread: None when it finished, its exception, or "timeout".
+
+    Reported, never raised: a figure export must not kill a report."""
+    outcome: dict[str, BaseException | None] = {"error": None}
+
+    def guarded() -> None:
+        try:
+            export()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=guarded, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return "timeout" if worker.is_alive() else outcome["error"]
+
+
 def save_png(fig: Any, path: str | Path, *, timeout_s: float = 60.0, scale: float = 1.0) -> Path | None:
     """Write `fig` as a PNG at `path`; None (and `last_export_error` set) when it cannot."""
     global last_export_error
     path = Path(path)
-    chrome = chrome_path()
-    if chrome is None:
-        last_export_error = "no Chrome/Chromium found (install Debian's `chromium`, or set BROWSER_PATH)"
+    last_export_error = _exporter_missing()
+    if last_export_error is not None:
         return None
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        last_export_error = "kaleido is not installed (pip install kaleido)"
-        return None
-    os.environ.setdefault("BROWSER_PATH", chrome)
     path.parent.mkdir(parents=True, exist_ok=True)
-    outcome: dict[str, BaseException | None] = {"error": None}
-
-    def export() -> None:
-        try:
-            fig.write_image(str(path), format="png", scale=scale)
-        except BaseException as exc:  # reported, never raised: a figure export must not kill a report
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=export, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        last_export_error = f"PNG export took longer than {timeout_s:.0f} s (Chrome at {chrome})"
+    error = _run_with_timeout(lambda: fig.write_image(str(path), format="png", scale=scale), timeout_s)
+    if error == "timeout":
+        last_export_error = f"PNG export took longer than {timeout_s:.0f} s (Chrome at {chrome_path()})"
         return None
-    if outcome["error"] is not None:
-        last_export_error = f"PNG export failed: {type(outcome['error']).__name__}: {outcome['error']}"
+    if error is not None:
+        last_export_error = f"PNG export failed: {type(error).__name__}: {error}"
         return None
-    last_export_error = None
     return path
 
 
@@ -78,32 +91,19 @@ def save_pngs(figs: list[Any], paths: list[str | Path], *, timeout_s: float = 12
     paths = [Path(p) for p in paths]
     if not figs:
         return [], None
-    chrome = chrome_path()
-    if chrome is None:
-        return [None] * len(figs), "no Chrome/Chromium found (install Debian's `chromium`, or set BROWSER_PATH)"
-    try:
-        import kaleido  # noqa: F401
-        import plotly.io as pio
-    except ImportError:
-        return [None] * len(figs), "kaleido is not installed (pip install kaleido)"
-    os.environ.setdefault("BROWSER_PATH", chrome)
+    missing = _exporter_missing()
+    if missing is not None:
+        return [None] * len(figs), missing
+    import plotly.io as pio
+
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
-    outcome: dict[str, BaseException | None] = {"error": None}
-
-    def export() -> None:
-        try:
-            pio.write_images(figs, [str(p) for p in paths], format="png", scale=scale)
-        except BaseException as exc:  # reported, never raised
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=export, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
+    error = _run_with_timeout(
+        lambda: pio.write_images(figs, [str(p) for p in paths], format="png", scale=scale), timeout_s)
+    if error == "timeout":
         last_export_error = f"PNG export of {len(figs)} figures took longer than {timeout_s:.0f} s"
         return [None] * len(figs), last_export_error
-    if outcome["error"] is None and all(p.is_file() for p in paths):
+    if error is None and all(p.is_file() for p in paths):
         last_export_error = None
         return list(paths), None
     done = [save_png(f, p, timeout_s=min(60.0, timeout_s), scale=scale) for f, p in zip(figs, paths)]
