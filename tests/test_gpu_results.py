@@ -105,6 +105,32 @@ def test_overhead_ratio_recomputed_from_raw_timings():
         assert 0 < row["ratio_median"] and row["rounds"] >= 3
 
 
+def test_capture_on_off_recomputed_and_capture_did_not_change_outputs():
+    """Round 2 ran tiny-gui's compiled trigger twice: digest capture on, then off. The comparison is
+    recomputed from both runs' records; capture must not have changed a single output token."""
+    committed = _committed("summary.json")["capture_on_off"]
+    got = json.loads(json.dumps(gpu_results.capture_on_off()))  # tuples -> lists, as committed
+    assert got == committed
+    assert got["requests"] >= 96 and got["same_tokens"] == got["requests"]
+    assert got["differ_from_control_on"] == got["differ_from_control_off"]
+
+
+def test_large_model_overhead_rows_explain_the_ratio():
+    rows = [r for r in gpu_results.overhead_table() if r["model"].startswith("random hybrid")]
+    assert len(rows) >= 2, "round 2 measured two random-hybrid sizes"
+    for r in rows:
+        # the capture's own host time per step, and the captured rounds' wall time per step
+        assert 0 < r["capture_host_ms_per_step"] < r["captured_round_ms_per_step"]
+        assert r["ratio_median"] < 0.97  # what docs/gpu.md reports: the 3% goal is not met
+
+
+def test_round1_results_stay_readable_beside_round2():
+    d = E2E.parent / "e2e_round1"
+    rows = gpu_results.verdict_table(d)
+    assert rows == json.loads((d / "verdicts.json").read_text())
+    assert {r["outcome"] for r in rows} == {"not run"}
+
+
 def test_sweep_rows_are_consistent_and_show_the_mtp_rule():
     rows = gpu_results.sweep_table()
     assert rows

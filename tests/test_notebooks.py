@@ -48,7 +48,8 @@ NEEDLES = {
     "05_bisect_builds": ("SIMULATED",),
     "07_teach_failure_mode": ("PASS</b> · <b>prefill state equals", "PASS</b> · <b>PLANTED poisoned"),
     "06_hypotheses": ("EMULATED (PLANTED permute_accepted)", "H-lostcopy", "tolerance units"),
-    "08_gpu_h200": ("not run", "GPUModelRunner", "0.26.0 + overlap-safe", "RequestOutput.num_cached_tokens"),
+    "08_gpu_h200": ("control broken", "GPUModelRunner", "0.26.0 + overlap-safe", "same_tokens",
+                    "capture_host_ms_per_step"),
 }
 
 

@@ -22,7 +22,7 @@ import dataclasses
 import random
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 from statescope.errors import InputError
 
@@ -192,25 +192,38 @@ def prefix_sweep(runner: Any, block_size: int, vocab: int, **kw: Any) -> list[di
 
 
 def overhead_rounds(runner: Any, prompts: list, *, rounds: int = 5, max_tokens: int = 64,
-                    capture_dir: str, modes: tuple = ("off", "digest")) -> list[dict]:
-    """Interleaved timed rounds per capture mode on one engine (one warm-up round per mode first)."""
+                    capture_dir: str, modes: tuple = ("off", "digest"),
+                    clock: Callable[[], Any] | None = None) -> list[dict]:
+    """Interleaved timed rounds per capture mode on one engine (one warm-up round per mode first).
+    ``clock``: makes an object with ``attach(recorder)`` and ``seconds`` (the capture's own host
+    time, e.g. benchmarks/bench_capture.CaptureClock); its seconds and the run's engine steps are
+    added to each captured round, so a ratio can be explained in host milliseconds per step."""
     from statescope import capture
+    from statescope.capture_store import CaptureRun
 
     out = []
     for r in range(-1, rounds):
         for mode in modes:
             runner.reset_prefix_cache()
+            timer = None
             if mode != "off":
-                capture.install({"output_dir": capture_dir, "run_id": f"{mode}{r}", "mode": mode,
-                                 "full": {"first_steps": 1}})
+                rec = capture.install({"output_dir": capture_dir, "run_id": f"{mode}{r}", "mode": mode,
+                                       "full": {"first_steps": 1}})
+                if clock is not None:
+                    timer = clock()
+                    timer.attach(rec)
             t0 = time.perf_counter()
             recs = runner.generate(prompts, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
             dt = time.perf_counter() - t0  # generate returns finished outputs: the device work is done
-            if mode != "off":
-                capture.uninstall()
+            dirs = capture.uninstall() if mode != "off" else []
             if r >= 0:
-                out.append({"mode": mode, "round": r, "seconds": dt,
-                            "tokens": sum(len(x.output_token_ids) for x in recs)})
+                row = {"mode": mode, "round": r, "seconds": dt,
+                       "tokens": sum(len(x.output_token_ids) for x in recs)}
+                if timer is not None:
+                    row["capture_host_s"] = timer.seconds
+                if dirs:
+                    row["engine_steps"] = CaptureRun(dirs[-1]).manifest.get("engine_steps")
+                out.append(row)
     return out
 
 

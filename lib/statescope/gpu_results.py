@@ -190,17 +190,55 @@ def overhead_table(d: Path = E2E_DIR) -> list[dict]:
     from statescope.gpu_e2e import overhead_ratios
 
     sources = [(m["label"], (m.get("after") or {}).get("overhead")) for m in arms(d) if m["arm"] == "trigger"]
-    large = part("large_overhead", d)
-    if large:
-        sources.append(("large random hybrid (%.2f B params)" % (large["params"] / 1e9), large))
+    names = sorted({p["part"] for p in parts(d) if p["part"].startswith("large_overhead")})
+    for name in names:  # large_overhead (round 1's name), large_overhead_<size>
+        large = part(name, d)
+        if large:
+            sources.append(("random hybrid, %.1f B params" % (large["params"] / 1e9), large))
     out = []
     for label, ov in sources:
         if not ov:
             continue
         for mode, r in overhead_ratios(ov["rows"]).items():
-            if mode != "off":
-                out.append({"model": label, "mode": mode, **r})
+            if mode == "off":
+                continue
+            rows = [x for x in ov["rows"] if x["mode"] == mode]
+            host = [x["capture_host_s"] / x["engine_steps"] for x in rows
+                    if x.get("capture_host_s") is not None and x.get("engine_steps")]
+            wall = [x["seconds"] / x["engine_steps"] for x in rows if x.get("engine_steps")]
+            out.append({"model": label, "mode": mode, **r,
+                        "capture_host_ms_per_step": 1e3 * sum(host) / len(host) if host else None,
+                        "captured_round_ms_per_step": 1e3 * sum(wall) / len(wall) if wall else None})
     return out
+
+
+def capture_on_off(d: Path = E2E_DIR, off_dir: Path | None = None, label: str = "tiny-gui") -> dict:
+    """The trigger arm run twice on the same machine and model, capture on (``d``) and off
+    (``off_dir``, default ``e2e_capture_off`` beside it): requests compared text for text and
+    token for token, and each run's requests that differ from the first control present."""
+    off_dir = Path(off_dir) if off_dir else Path(d).parent / "e2e_capture_off"
+
+    def trigger_rows(where: Path) -> dict:
+        m = [a for a in arms(where) if a["label"] == label and a["arm"] == "trigger"]
+        if not m:
+            raise InputError(f"{where}: no trigger arm of {label} (arms_*.jsonl)")
+        rows = [r for r in records(label, where) if r["build"] == "trigger" and r["config_hash"] == m[-1]["key"]]
+        return {(r["episode"], r["step"]): r for r in rows}
+
+    on, off = trigger_rows(Path(d)), trigger_rows(off_dir)
+    ctl_meta = [a for a in arms(d) if a["label"] == label and a["arm"] != "trigger"]
+    ctl = {}
+    if ctl_meta:
+        c = ctl_meta[0]
+        ctl = {(r["episode"], r["step"]): r for r in records(label, d)
+               if r["build"] == c["arm"] and r["config_hash"] == c["key"]}
+    common = sorted(set(on) & set(off))
+    return {"requests": len(common),
+            "same_text": sum(on[k]["text"] == off[k]["text"] for k in common),
+            "same_tokens": sum(on[k]["output_token_ids"] == off[k]["output_token_ids"] for k in common),
+            "control": ctl_meta[0]["arm"] if ctl_meta else None,
+            "differ_from_control_on": sorted(k for k in common if k in ctl and on[k]["text"] != ctl[k]["text"]),
+            "differ_from_control_off": sorted(k for k in common if k in ctl and off[k]["text"] != ctl[k]["text"])}
 
 
 def sweep_table(d: Path = E2E_DIR) -> list[dict]:
