@@ -68,6 +68,35 @@ pd.DataFrame(gr.trigger_summary()).T
 gr.capture_on_off()
 
 # %% [markdown]
+# ### 1c · Where the state departs, from the capture alone (`scripts/gpu_localize.py`)
+#
+# Two checks on the trigger's digest capture. **Exact conv-window continuity** (no reference, no
+# tolerance): after a decode step that accepted *a* tokens, the next step's first window rows must
+# be this step's rows *a*, *a + 1* bit for bit (per-row checksums), so the row pair actually found
+# tells which accepted count the conv update applied. **Float64 oracle**: the recurrent-state and
+# conv-row digests against `statescope.oracle` at the same token positions, in units of a tolerance
+# calibrated on six clean requests. Five of the six departed requests leave the oracle at request
+# step 6, in both state kinds and all three GDN layers at once, exactly where the conv update
+# shifted the window by **1 while the previous step had accepted 3** (the sixth inherited step 2's
+# wrong answer through its prompt). Not at the cache hit (step 0, within 0.5 units until step 6),
+# not at a block boundary, not at an in-place shift (all 26 intact, bit for bit), no copy that step.
+
+# %%
+pd.DataFrame(gr.departure_table())
+
+# %% [markdown]
+# Over the whole run the wrong shift happened on 41 decode transitions of 36 requests (5 of which
+# changed their text) — **only when the request's batch row moved and the batch also held prefill
+# rows** (41 of 47 such transitions; 0 of 633 otherwise), always "1 where 3 was accepted", in all
+# layers alike. The accepted count the GDN conv update reads does not follow a request whose row
+# moves: the H-accept family (statescope's scorer ranks H-reorder first and marks H-accept
+# contradicted, because the count it records is the post-process launch's, not the one the next
+# forward read — a limit of the scorer). Deterministic in this run; eager arms never showed it.
+
+# %%
+pd.DataFrame(gr.continuity_table())
+
+# %% [markdown]
 # ## 2 · Does the prefix cache engage under MTP? Prompt length vs block size
 #
 # Each random prompt of `full_blocks × block_size + extra_tokens` tokens was sent twice on a reset

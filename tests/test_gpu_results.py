@@ -131,6 +131,23 @@ def test_round1_results_stay_readable_beside_round2():
     assert {r["outcome"] for r in rows} == {"not run"}
 
 
+def test_localization_agrees_with_the_records_and_is_one_mechanism():
+    """scripts/gpu_localize.py's committed result, checked against the records and itself: the
+    requests it calls divergent are the ones whose text left the control; every continuity break is
+    a moved batch row in a batch with prefill rows; the departing requests all depart there."""
+    loc = gpu_results.localization()
+    on_off = gpu_results.capture_on_off()
+    div = sorted((r["episode"], r["step"]) for r in loc["requests"] if r["divergent"])
+    assert div == on_off["differ_from_control_on"]
+    table = gpu_results.continuity_table()
+    broken = sum(r["broken"] for r in table)
+    assert broken == loc["continuity"]["break_transitions"] > 0
+    assert all(r["broken"] == 0 for r in table if not (r["moved"] and r["prefill_rows_in_batch"]))
+    dep = [r for r in gpu_results.departure_table() if r["first_state_departure_step"] is not None]
+    assert len(dep) >= 5 and all(r["batch_has_prefill"] for r in dep)
+    assert all(r["first_state_departure_step"] < 8 and r["gdn_layers"] == 3 for r in dep)
+
+
 def test_sweep_rows_are_consistent_and_show_the_mtp_rule():
     rows = gpu_results.sweep_table()
     assert rows

@@ -277,3 +277,37 @@ def bisect_result(d: Path = E2E_DIR) -> Any:
     b.pop("answer_meaning", None)
     b["probes"] = [ProbeRecord(**p) for p in b["probes"]]
     return BisectResult(**b)
+
+
+def localization(d: Path = E2E_DIR) -> dict:
+    """``localization.json``: where the compiled trigger's captured states first depart from the
+    float64 oracle, and the exact conv-window continuity check (scripts/gpu_localize.py)."""
+    path = Path(d) / "localization.json"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by scripts/gpu_localize.py)")
+    return json.loads(path.read_text())
+
+
+def continuity_table(d: Path = E2E_DIR) -> list[dict]:
+    """Decode-to-decode transitions after 3 accepted tokens, by whether the request's batch row
+    moved and whether the batch also held prefill rows: how many the conv update shifted wrongly."""
+    return localization(d)["continuity"]["request_transitions_prev_accepted_3"]
+
+
+def departure_table(d: Path = E2E_DIR) -> list[dict]:
+    """Per request whose text departed from the control: the first step beyond noise and what the
+    capture recorded around it (accepted counts, prefill in the batch, prefix hit, shifts)."""
+    out = []
+    for r in localization(d)["requests"]:
+        if not r.get("divergent"):
+            continue
+        f = r.get("first_oracle_departure") or {}
+        ev = f.get("events") or {}
+        out.append({"episode": r["episode"], "step": r["step"], "text_differs_at_token": r["first_output_diff"],
+                    "first_state_departure_step": f.get("first_step"), "position": f.get("position"),
+                    "kinds": f.get("kinds"), "gdn_layers": len(f.get("layers") or []),
+                    "units": round(f["magnitude_units"], 1) if f.get("magnitude_units") else None,
+                    "accepted_before": ev.get("accepted"), "batch_has_prefill": ev.get("batch_has_prefill"),
+                    "prefix_hit_tokens": ev.get("prefix_hit_tokens"),
+                    "in_place_shift_steps": r.get("inplace_shift_steps")})
+    return out
