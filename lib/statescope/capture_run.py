@@ -104,8 +104,7 @@ class RunCapture(RunEmitter):
                         states=[g.to_dict() for g in self.geoms], block_size=self.block_size,
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
                         state_device=str(self.device),  # the kernel is built here, not mid-step
-                        digest_kernel="c_in_place" if self.device.type == "cpu"
-                        and native_kernel() is not None else "torch",
+                        digest_kernel=_digest_kernel_name(self.device),
                         # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
                         # of different versions or kernels agree on checksums, not on floats
                         digest_version=2)
@@ -258,15 +257,21 @@ class RunCapture(RunEmitter):
             self.pending.append(out)
 
     def _digest_into(self, item: dict, states: list, idx: torch.Tensor) -> None:
-        """Digest both kinds in the step. CPU: straight from the blocks with the C kernel
-        (``Digester.digest_in_place``: one pass, no gather); where it does not apply (no
-        compiler, another dtype or layout) and on an accelerator, gather and reduce with torch
-        ops — on CPU into kept buffers (no per-step allocation, no thread hand-off), the
-        recurrent state chunk by chunk (each chunk reduced while still in cache)."""
+        """Digest both kinds in the step, straight from the blocks where a kernel applies: on a
+        CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
+        included; host launch overhead is the cost there), on CPU the C kernel
+        (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
+        compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
+        buffers (no per-step allocation, no thread hand-off), the recurrent state chunk by chunk
+        (each chunk reduced while still in cache)."""
         geom, d = self.geoms[0], self.digester
         conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
-        conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
-        ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
+        conv = d.digest_device(conv_states, idx, with_rows=True,
+                               token_axis=1 if geom.dim_rows else 0)
+        ssm = d.digest_device(ssm_states, idx) if conv is not None else None
+        if conv is None or ssm is None:
+            conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
+            ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
         if conv is None or ssm is None:
             reuse = not self.device_path
             chunks = d.gather(conv_states, idx, reuse=reuse)
@@ -350,3 +355,12 @@ class RunCapture(RunEmitter):
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
                          census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
         self.writer.close(status)
+
+
+def _digest_kernel_name(device: torch.device) -> str:
+    """Which digest path this run uses (manifests of different kernels agree on checksums only)."""
+    from statescope.digest import triton_kernel
+
+    if device.type == "cpu":
+        return "c_in_place" if native_kernel() is not None else "torch"
+    return "triton" if device.type == "cuda" and triton_kernel() is not None else "torch"

@@ -19,11 +19,16 @@ padded page buffers) to a short row of numbers. What each one detects:
 
 How: on a CPU, ``digest_in_place`` reads every selected block once, where it lies, with a small C
 kernel (compiled on first use into the temp directory; ctypes, GIL released): all the numbers in
-one pass, no gather. Elsewhere (an accelerator, or no C compiler, or another dtype/layout)
-``digest`` gathers the blocks with ``index_select`` a chunk at a time and reduces each chunk
-with device ops that enqueue behind the step's own kernels: one batched matmul ``U @ X`` (sum
-and projections), one integer sum (checksum), one norm (sumsq). The two paths use the same
-weights; checksums agree bit for bit, floats up to rounding (so one run uses one path).
+one pass, no gather. On a CUDA GPU, ``digest_device`` does the same with one Triton launch per
+state kind (``statescope.digest_triton``; host launch overhead, not memory traffic, is the cost
+there). Elsewhere (no Triton, no C compiler, or another dtype/layout) ``digest`` gathers the
+blocks with ``index_select`` a chunk at a time and reduces each chunk with device ops that
+enqueue behind the step's own kernels: one batched matmul ``U @ X`` (sum and projections), one
+integer sum (checksum), one norm (sumsq). All paths use the same weights; checksums agree bit
+for bit, floats up to rounding (so one run uses one path).
+The Triton path is opt-in (``STATESCOPE_DIGEST_TRITON=1``) until it has been measured on a real GPU:
+it is checked bit for bit against the torch path under Triton's CPU interpreter and compiled for
+sm_90 offline, but has not yet run on a GPU; without the variable an accelerator uses torch.
 
 ``gather_snapshot`` copies one request's blocks (all layers) for a full snapshot. ``pack`` joins a
 step's small result tensors into one byte buffer so that ``to_host_async`` moves them with one
@@ -55,8 +60,12 @@ import torch
 log = logging.getLogger("statescope.digest")
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # source bytes gathered and reduced at once: on a CPU the chunk stays in L2 between the gather
-# and the passes; on an accelerator large chunks keep the number of kernel launches down
-CHUNK_BYTES = {"cpu": 2**20, "other": 16 * 2**20}
+# and the passes. On an accelerator the cost is host launch overhead (~12 launches per chunk,
+# ~20 us each), not memory traffic, so one chunk should hold all layers of a step (18 GDN layers
+# x 32 requests x 2 MB recurrent states ~ 1.2 GB): the transient buffer comes from the caching
+# allocator, and this path is only the fallback when the Triton kernel does not apply.
+CHUNK_BYTES = {"cpu": 2**20, "other": 2**30}
+ENV_TRITON = "STATESCOPE_DIGEST_TRITON"  # "1": try the one-launch Triton digest (opt-in, see above)
 
 
 def stat_names(projections: int, sumsq: bool = True) -> tuple[str, ...]:
@@ -176,6 +185,31 @@ class Digester:
             else (None, None)
         return (torch.from_numpy(stats), torch.from_numpy(check)) + rows_out
 
+    def digest_device(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
+                      with_rows: bool = False, token_axis: int = 0) -> tuple | None:
+        """Accelerator: ``(stats, checksum, row_checks, row_sums)`` like ``digest_in_place``,
+        all blocks of the kind in one Triton launch (``statescope.digest_triton``), read where
+        they lie; ``with_rows``: what ``token_rows`` gives along ``token_axis`` (0: SD conv
+        windows, 1: DS). Checksums bit-identical to ``digest``, floats up to rounding. Nothing
+        is read back to the host. None where it does not apply: not a CUDA tensor (a CPU one
+        only under Triton's interpreter), Triton not importable or its kernel failed once, not
+        float32/bfloat16, blocks not contiguous, too many projections."""
+        first = states[0]
+        if first.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            return None
+        kernel = triton_kernel()
+        if kernel is None or first.dim() < 2:
+            return None
+        cols = first.shape[-1]
+        u, v = self._weights_for(math.prod(first.shape[1:]) // cols, cols, first.device)
+        try:
+            return kernel.digest_blocks(states, block_ids, u[1:], v[1:], self.sumsq,
+                                        token_axis if with_rows else None)
+        except Exception as exc:  # e.g. a compile failure on this GPU: the torch path still works
+            log.warning("statescope digest: Triton kernel failed (%s); using torch", exc)
+            _triton[:] = [None]
+            return None
+
     @staticmethod
     def token_rows(chunks: Sequence[torch.Tensor], block_shape: Sequence[int], token_axis: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,6 +261,24 @@ class Digester:
         if len(parts) == 1:
             return stats[0], sums[0].to(torch.int64)
         return torch.cat(stats), torch.cat(sums).to(torch.int64)
+
+
+_triton: list = []  # [the statescope.digest_triton module, or None where it cannot be used]
+
+
+def triton_kernel() -> Any:
+    """``statescope.digest_triton`` once importable (Triton installed) and opted in with
+    ``STATESCOPE_DIGEST_TRITON=1``, else None; also None after the kernel failed once."""
+    if not _triton:
+        mod = None
+        if os.environ.get(ENV_TRITON, "0") == "1":
+            try:
+                from statescope import digest_triton as mod
+            except Exception as exc:  # no triton, or a broken install
+                log.info("statescope digest: Triton unavailable (%s); using torch", exc)
+                mod = None
+        _triton.append(mod)
+    return _triton[0]
 
 
 def _block_contiguous(s: torch.Tensor) -> bool:
