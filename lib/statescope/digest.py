@@ -60,11 +60,10 @@ import torch
 log = logging.getLogger("statescope.digest")
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # source bytes gathered and reduced at once: on a CPU the chunk stays in L2 between the gather
-# and the passes. On an accelerator the cost is host launch overhead (~12 launches per chunk,
-# ~20 us each), not memory traffic, so one chunk should hold all layers of a step (18 GDN layers
-# x 32 requests x 2 MB recurrent states ~ 1.2 GB): the transient buffer comes from the caching
-# allocator, and this path is only the fallback when the Triton kernel does not apply.
-CHUNK_BYTES = {"cpu": 2**20, "other": 2**30}
+# and the passes. On an accelerator larger chunks would mean fewer launches (the real cost there),
+# but the chunk is a transient allocation inside vLLM's step, where the KV cache has taken what
+# memory profiling left: 16 MB is what was measured safe on the H200; the Triton path avoids both.
+CHUNK_BYTES = {"cpu": 2**20, "other": 16 * 2**20}
 ENV_TRITON = "STATESCOPE_DIGEST_TRITON"  # "1": try the one-launch Triton digest (opt-in, see above)
 
 
