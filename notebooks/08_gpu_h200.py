@@ -89,12 +89,17 @@ pd.DataFrame(gr.departure_table())
 # changed their text) — **only when the request's batch row moved and the batch also held prefill
 # rows** (41 of 47 such transitions; 0 of 633 otherwise), always "1 where 3 was accepted", in all
 # layers alike. The accepted count the GDN conv update reads does not follow a request whose row
-# moves: the H-accept family (statescope's scorer ranks H-reorder first and marks H-accept
-# contradicted, because the count it records is the post-process launch's, not the one the next
-# forward read — a limit of the scorer). Deterministic in this run; eager arms never showed it.
+# moves: the H-accept family. Deterministic in this run; eager arms never showed it.
 
 # %%
 pd.DataFrame(gr.continuity_table())
+
+# %% [markdown]
+# The hypothesis table (`statescope.hypotheses`, fed with the continuity check by
+# `conv_continuity.conv_shift_check`): which mechanism each first departure supports or contradicts.
+
+# %%
+pd.DataFrame(gr.localization()["hypotheses"]["rows"])
 
 # %% [markdown]
 # ## 2 · Does the prefix cache engage under MTP? Prompt length vs block size

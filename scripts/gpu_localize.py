@@ -4,11 +4,11 @@ Inputs: the digest-mode capture of the compiled trigger run (tarball), the trigg
 records (full prompt/output token ids) and the eager control records. Three checks, per request step
 (a request step's states are read after the step; positions from the runner's computed count):
 
-1. **Exact conv-window continuity** (no tolerance, capture only, every request): after a decode
-   step with ``a`` accepted tokens the conv block holds the inputs of positions ``c-2..c+2``; the
-   next step's rows 0,1 must be this step's rows ``a, a+1`` bit for bit (per-row checksums). The
-   row pair it actually holds gives the shift the conv update applied, i.e. the accepted count it
-   read; a shift other than ``a`` is a wrong conv read offset.
+1. **Exact conv-window continuity** (``statescope.conv_continuity``; no tolerance, capture only,
+   every request): after a decode step with ``a`` accepted tokens the conv block holds the inputs
+   of positions ``c-2..c+2``; the next step's rows 0,1 must be this step's rows ``a, a+1`` bit for
+   bit (per-row checksums). The row pair it actually holds gives the shift the conv update
+   applied, i.e. the accepted count it read; a shift other than ``a`` is a wrong conv read offset.
 2. **Float64 oracle** (``statescope.oracle``; selected requests): the digest statistics (sum,
    sumsq, proj0-2; same ``Digester`` weights) of the oracle's recurrent state at the step's
    position, and the oracle's conv input rows' sums against the captured ``row_sums`` of the rows
@@ -20,7 +20,7 @@ records (full prompt/output token ids) and the eager control records. Three chec
    shift are also compared with the oracle at the shift step and the next ("shift probes").
 
 The first step beyond tolerance feeds ``statescope.hypotheses.hypothesis_table`` with the
-capture's own events (``statescope.diverge.step_events``).
+capture's own events (``statescope.diverge.step_events``) and the continuity check's frame.
 
 Runtime ~75 s on one CPU thread (oracle for ~24 requests). Writes data/results/gpu/e2e/localization.json.
 Usage: python scripts/gpu_localize.py [TRIGGER_RECORDS] [--control RAW_CONTROL_RECORDS]
@@ -44,6 +44,7 @@ import torch
 
 from statescope.capture_spec import prompt_sha
 from statescope.capture_store import CaptureRun
+from statescope.conv_continuity import conv_shift_check, continuity_summary, inplace_shift_bias
 from statescope.digest import Digester
 from statescope.diverge import step_events
 from statescope.hypotheses import hypothesis_table, run_context
@@ -73,53 +74,6 @@ def divergent(trigger: list[dict], control: list[dict]) -> dict[str, int | None]
             first = min(len(a), len(b))
         out[prompt_sha(r["prompt_token_ids"])] = first
     return out
-
-
-def shift_bias(copies: pd.DataFrame) -> dict[tuple[str, int], int]:
-    """{(req_id, engine_step): bias} of the census's in-place (same-block) conv left shifts."""
-    sh = copies[(copies.kind == "left_shift_same_block") & (copies.nbytes > 0)]
-    return {(r, int(e)): int(b) for r, e, b in zip(sh.req_id, sh.engine_step, sh.bias)}
-
-
-def continuity(steps: pd.DataFrame, dig: pd.DataFrame, bias: dict) -> pd.DataFrame:
-    """Per (request, decode step, layer): the conv shift the update applied (exact checksums)
-    versus the accepted count of the previous step; at a step with an in-place post-process left
-    shift by ``b`` (digest read after it) whether the shifted rows are intact (row j == row j+b
-    for the rows the shift leaves duplicated), and the next step then expects ``a - b``."""
-    conv = dig[dig.kind == "conv"].set_index(["req_id", "req_step", "layer"])["row_checksums"]
-    rows = []
-    for rid, m in steps.sort_values("req_step").groupby("req_id"):
-        m = m.reset_index(drop=True)
-        for i in range(1, len(m)):
-            prev, cur = m.loc[i - 1], m.loc[i]
-            if int(cur.num_drafts) == 0 or int(prev.num_drafts) == 0:
-                continue  # only decode -> decode (prefill windows are written whole)
-            b_prev = bias.get((rid, int(prev.engine_step)), 0)
-            b_cur = bias.get((rid, int(cur.engine_step)), 0)
-            for name in LAYERS.values():
-                try:
-                    p = [int(x) for x in conv[(rid, int(prev.req_step), name)]]
-                    c = [int(x) for x in conv[(rid, int(cur.req_step), name)]]
-                except KeyError:
-                    continue
-                expected = int(prev.accepted) - b_prev
-                shifts = [s for s in range(0, 4) if p[s:s + 2] == c[0:2]]
-                intact = None
-                if b_cur:
-                    dup = [j for j in range(5) if 4 - 2 * b_cur < j <= 4 - b_cur]
-                    intact = all(c[j] == c[j + b_cur] for j in dup)
-                    if b_cur == 1 and expected + 1 <= 4:  # row 0 is then a row seen before
-                        intact = intact and c[0] == p[expected + 1]
-                ok = intact if b_cur else expected in shifts
-                rows.append({"req_id": rid, "req_step": int(cur.req_step),
-                             "engine_step": int(cur.engine_step), "layer": name,
-                             "expected_shift": expected, "used_recorded": int(prev.num_accepted_used),
-                             "observed_shifts": shifts, "inplace_shift_bias": b_cur,
-                             "inplace_shift_intact": intact,
-                             "batch_row_prev": int(prev.batch_row), "batch_row": int(cur.batch_row),
-                             "block_change": list(prev.running_blocks) != list(cur.running_blocks),
-                             "ok": bool(ok)})
-    return pd.DataFrame(rows)
 
 
 def oracle_frame(rid: str, m: pd.DataFrame, dig: pd.DataFrame, tokens: list[int],
@@ -213,8 +167,9 @@ def main() -> int:
     req_of = steps.groupby("prompt_sha")["req_id"].first().to_dict()
 
     # 1. exact continuity, every request
-    bias = shift_bias(run.copies())
-    cont = continuity(steps, dig, bias)
+    bias = inplace_shift_bias(run.copies())
+    cont = conv_shift_check(run)
+    cont_summary = continuity_summary(cont)
     breaks = cont[~cont.ok]
     per_req_break = breaks.groupby("req_id")["req_step"].min().to_dict()
 
@@ -325,7 +280,8 @@ def main() -> int:
                                for k, g in f.groupby("req_step")
                                if sha not in probes or any(abs(int(k) - q) <= 1 for q in shift_steps)],
         })
-    table = hypothesis_table([x["first_oracle_departure"] for x in results if x["divergent"]], ctx)
+    table = hypothesis_table([x["first_oracle_departure"] for x in results if x["divergent"]], ctx,
+                             continuity=cont)
 
     # continuity breaks over the whole run vs divergence
     req_div = {req_of[s]: first_diff[s] is not None for s in first_diff}
@@ -340,18 +296,17 @@ def main() -> int:
             breaks[breaks.batch_row != breaks.batch_row_prev].groupby(["req_id", "req_step"]).ngroups),
         "decode_transitions_checked": int(cont.groupby(["req_id", "req_step"]).ngroups),
         "note": "per (request, step) transition; every layer gives the same verdict (breaks_per_layer_agree)",
-        "observed_vs_expected_per_transition": breaks[breaks.layer == LAYERS[1]].assign(obs=breaks.observed_shifts.map(str)).groupby(
-            ["expected_shift", "obs"]).size().rename("n").reset_index().to_dict(orient="records"),
+        "observed_vs_expected_per_transition": [
+            {"expected_shift": r["expected_shift"], "obs": r["observed_shifts"], "n": r["transitions"]}
+            for r in cont_summary["observed_vs_expected"]],
     }
-    prefill_rows = steps[steps.num_drafts == 0].groupby("engine_step").size()
-    l1 = cont[cont.layer == LAYERS[1]].assign(moved=lambda f: f.batch_row != f.batch_row_prev)
-    l1["prefill_rows_in_batch"] = l1.engine_step.map(prefill_rows).fillna(0).astype(int) > 0
-    summary["request_transitions_prev_accepted_3"] = l1[l1.expected_shift == 3].groupby(
-        ["moved", "prefill_rows_in_batch"]).ok.agg(transitions="size", broken=lambda x: int((~x).sum())
-                                                   ).reset_index().to_dict(orient="records")
+    summary["request_transitions_prev_accepted_3"] = [
+        {"moved": r["moved"], "prefill_rows_in_batch": r["prefill_in_batch"],
+         "transitions": r["transitions"], "broken": r["broken"]}
+        for r in cont_summary["contingency"] if r["expected_shift"] == 3]
+    summary["contingency_by_expected_shift"] = cont_summary["contingency"]
     shifts = cont[cont.inplace_shift_bias > 0]
-    summary["breaks_per_layer_agree"] = bool(
-        cont[~cont.ok].groupby(["req_id", "req_step"]).size().eq(len(LAYERS)).all())
+    summary["breaks_per_layer_agree"] = cont_summary["breaks_per_layer_agree"]
     convd = dig[dig.kind == "conv"].set_index(["req_id", "engine_step", "layer"])["row_checksums"]
     all_intact = []
     for (q, e), b in bias.items():  # every census event: duplicated rows after the shift agree

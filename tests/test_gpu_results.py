@@ -146,6 +146,8 @@ def test_localization_agrees_with_the_records_and_is_one_mechanism():
     dep = [r for r in gpu_results.departure_table() if r["first_state_departure_step"] is not None]
     assert len(dep) >= 5 and all(r["batch_has_prefill"] for r in dep)
     assert all(r["first_state_departure_step"] < 8 and r["gdn_layers"] == 3 for r in dep)
+    top = loc["hypotheses"]["rows"][0]
+    assert top["hypothesis"] == "H-accept" and top["contradicts"] == 0 and top["supports"] == len(dep)
 
 
 def test_sweep_rows_are_consistent_and_show_the_mtp_rule():

@@ -56,8 +56,10 @@ def test_accept_needs_async_and_spec_and_every_layer_at_once():
     assert score_accept(everything, ASYNC_SPEC).verdict == SUPPORTS
     assert score_accept(rec(kinds=("conv", "ssm"), layers=LAYERS[:2]), ASYNC_SPEC).verdict == CONTRADICTS
     assert score_accept(rec(layers=LAYERS), ASYNC_SPEC).verdict == CONTRADICTS  # conv only
-    fine = rec(kinds=("conv", "ssm"), layers=LAYERS, accepted_mismatch=False)
-    assert score_accept(fine, ASYNC_SPEC).verdict == CONTRADICTS
+    # the post-process launch's count equal to the sampled one is a note, not a contradiction:
+    # the next forward's state update reads its own copy of the count
+    fine = score_accept(rec(kinds=("conv", "ssm"), layers=LAYERS, accepted_mismatch=False), ASYNC_SPEC)
+    assert fine.verdict == SUPPORTS and "not decisive" in fine.why
 
 
 def test_accept_uses_the_count_used_vs_sampled_and_a_planted_permutation_exercises_it():

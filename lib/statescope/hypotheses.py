@@ -11,6 +11,12 @@ about a real build: the CPU ``barrierless_tiles`` copy emulates H-copy, the ``pe
 fault (``statescope.faults``) H-accept, and ``drop_postprocess_copy`` H-lostcopy — a lost
 post-process copy, listed after the §2 rows because §2 has no row for it.
 
+``hypothesis_table(..., continuity=conv_shift_check(run))`` adds the exact conv-window continuity
+check (``statescope.conv_continuity``) to each record as ``conv_continuity`` (its transitions at the
+first divergent step and the one before): a wrong conv shift there is direct evidence that a wrong
+accepted count reached the state update (H-accept), and a window that is an exact shift of the
+previous one says the decode conv update ran, not a prefill kernel (against H-reorder).
+
 What it deliberately does not do: read captures (``statescope.diverge`` does) or claim a verdict
 from one run: a mechanism that is not exercised by the run's configuration is neither supported
 nor refuted.
@@ -91,27 +97,48 @@ def score_copy(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
                              f"left shift{tail}")
 
 
+def _breaks(rec: Mapping[str, Any]) -> list[dict]:
+    return list((rec.get("conv_continuity") or {}).get("breaks") or [])
+
+
 def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
-    """H-accept: the recurrent state of every GDN layer at once (a wrong conv read offset feeds
-    every later layer), where the accepted count the state update used differs from the one
-    sampled (``num_accepted_sampled`` vs ``num_accepted_used`` when the capture records them);
-    needs async + spec, or the planted ``permute_accepted`` fault that emulates the race on a
-    synchronous build. The conv window's live rows may stay intact: measured on the tiny model,
-    when a step accepts as many tokens as the live window holds, those rows are all fresh inputs."""
+    """H-accept: a wrong accepted count reached the state update. Direct evidence, when the record
+    carries the conv continuity check: the conv update at or just before the first divergent step
+    applied a shift other than the accepted count sampled the step before. Otherwise the signature:
+    the recurrent state of every GDN layer at once (a wrong conv read offset feeds every later
+    layer). Needs async + spec, or the planted ``permute_accepted`` fault that emulates the race on
+    a synchronous build. ``num_accepted_used`` (the count the post-process launch read) equal to
+    the one sampled is only a note: the next forward's conv/recurrent update reads its own copy of
+    the count, which that column does not show. The conv window's live rows may stay intact:
+    measured on the tiny model, when a step accepts as many tokens as the live window holds, those
+    rows are all fresh inputs."""
     planted = ctx.planted == "permute_accepted"
     if not ((ctx.async_scheduling or planted) and ctx.spec):
         return Verdict(NOT_EXERCISED, "needs async scheduling and speculative decoding "
                                       f"(async={ctx.async_scheduling}, spec={ctx.spec})")
+    breaks = _breaks(rec)
+    if breaks:
+        b = breaks[0]
+        if b.get("inplace_shift_bias"):
+            return Verdict(SUPPORTS, f"rows of the in-place conv shift by {b['inplace_shift_bias']} "
+                                     f"at step {b['req_step']} do not follow the accepted count "
+                                     f"sampled the step before ({b['expected_shift']} after bias)")
+        return Verdict(SUPPORTS, f"conv update at step {b['req_step']} shifted the window by "
+                                 f"{b['observed_shifts']} where the accepted count sampled the step "
+                                 f"before gives {b['expected_shift']} (exact row checksums, "
+                                 f"{b['layers']} GDN layers): a wrong accepted count was read")
     every = ctx.gdn_layers and len(rec["layers"]) >= ctx.gdn_layers
     if not ("ssm" in rec["kinds"] and every):
         return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} in {len(rec['layers'])} of "
                                     f"{ctx.gdn_layers} GDN layers diverge first")
     mismatch = _ev(rec).get("accepted_mismatch")
-    if mismatch is False:
-        return Verdict(CONTRADICTS, "accepted count used equals the one sampled at and before "
-                                    f"step {rec['first_step']}")
     how = ("the count used differs from the one sampled" if mismatch else
+           "signature only; the post-process launch's count equals the one sampled (not decisive: "
+           "the next forward's update reads its own copy)" if mismatch is False else
            "signature only: the count used is not recorded (no num_accepted_used column)")
+    checked = (rec.get("conv_continuity") or {}).get("steps")
+    if checked and not mismatch:
+        how += f"; conv shifts intact at steps {checked}"
     return Verdict(SUPPORTS, f"{'+'.join(rec['kinds'])} of all {ctx.gdn_layers} GDN layers "
                              f"diverge at once at step {rec['first_step']}; {how}")
 
@@ -191,6 +218,13 @@ def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
         else ev.get("batch_has_prefill")
     if not in_step:
         return Verdict(CONTRADICTS, f"no prefill in the batch of step {rec['first_step']}")
+    shifted = [b for b in _breaks(rec) if b["req_step"] == rec["first_step"]
+               and b["observed_shifts"] and not b.get("inplace_shift_bias")]
+    if shifted:  # a prefill kernel writes the step's last kernel-1 inputs (all new with MTP >= K-2)
+        return Verdict(CONTRADICTS, f"conv window at step {rec['first_step']} is the previous "
+                                    f"window shifted by {shifted[0]['observed_shifts']}: the decode "
+                                    "conv update ran (a prefill kernel would hold new inputs in "
+                                    "rows 0..K-2)")
     if rec["first_step"] > 0 and "ssm" in rec["kinds"]:
         return Verdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
                                  "and its recurrent state diverges at once")
@@ -232,10 +266,36 @@ class HypothesisTable:
                 + "</table>")
 
 
-def hypothesis_table(report: Any, context: RunContext) -> HypothesisTable:
-    """Score every diverged request of ``report`` (a DivergenceReport or a list of records)."""
+CONTINUITY_WINDOW = 1  # steps before the first divergent one whose conv shift counts as evidence
+
+
+def with_continuity(rec: Mapping[str, Any], continuity: pd.DataFrame) -> dict:
+    """``rec`` plus ``conv_continuity``: the request's checked transitions at and up to
+    ``CONTINUITY_WINDOW`` steps before its first divergent step, and the broken ones among them
+    (``statescope.conv_continuity.conv_shift_check`` rows, one entry per transition)."""
+    step = rec["first_step"]
+    mine = continuity[(continuity["req_id"] == rec.get("req_id"))
+                      & continuity["req_step"].between(step - CONTINUITY_WINDOW, step)]
+    breaks = []
+    for (req_step,), g in mine[~mine["ok"]].groupby(["req_step"]):
+        first = g.iloc[0]
+        breaks.append({"req_step": int(req_step), "expected_shift": int(first["expected_shift"]),
+                       "observed_shifts": [int(x) for x in first["observed_shifts"]],
+                       "layers": int(len(g)), "moved": bool(first.get("moved", False)),
+                       "inplace_shift_bias": int(first.get("inplace_shift_bias", 0) or 0),
+                       "prefill_rows_in_batch": int(first.get("prefill_rows_in_batch", 0))})
+    return {**rec, "conv_continuity": {"steps": sorted({int(x) for x in mine["req_step"]}),
+                                       "breaks": breaks}}
+
+
+def hypothesis_table(report: Any, context: RunContext,
+                     continuity: pd.DataFrame | None = None) -> HypothesisTable:
+    """Score every diverged request of ``report`` (a DivergenceReport or a list of records);
+    ``continuity``: the run's ``conv_continuity.conv_shift_check`` frame, when there is one."""
     records = report.diverged if hasattr(report, "diverged") else [
         r for r in report if r.get("first_step") is not None]
+    if continuity is not None and not continuity.empty:
+        records = [with_continuity(r, continuity) for r in records]
     emulated = PLANTED.get(context.planted or "")
     rows = []
     for name, scorer in SCORERS.items():

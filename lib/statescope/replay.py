@@ -62,8 +62,14 @@ def step_positions(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
     if missing:
         raise InputError(f"capture run {_open(run).path}: steps table lacks {missing}")
     acc = st["accepted"].fillna(0).astype(int).clip(lower=1) if "accepted" in st else 1
-    end = (st["num_computed_tokens"] + st["num_scheduled_tokens"] - st["num_drafts"] - 1
-           + (acc - 1))
+    # The runner's own count where recorded: under async scheduling the scheduler's
+    # num_computed_tokens runs ahead (it counts the previous step's drafts before their rejection
+    # is known: +1/+2 in 334 of 1,932 step rows of the GPU run); the runner's count is the one
+    # the step's states were computed from. Synchronous runs record the two equal.
+    computed = st["num_computed_tokens"]
+    if "num_computed_runner" in st:
+        computed = st["num_computed_runner"].fillna(computed)
+    end = computed + st["num_scheduled_tokens"] - st["num_drafts"] - 1 + (acc - 1)
     st = st.assign(end_position=end.astype(int), conv_position=end.astype(int),
                    ssm_position=(end - st["conv_live_offset"].fillna(0)).astype(int))
     return st
