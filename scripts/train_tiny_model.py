@@ -16,6 +16,7 @@ What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it
   OMP_NUM_THREADS=2 python scripts/train_tiny_model.py --threads 2 --base-steps 550 --out DIR
   python scripts/train_tiny_model.py --device cuda --base-steps 550 --out DIR   # how tiny-gui was made
   python scripts/train_tiny_model.py --eval-only --out data/models/tiny-gui
+  python scripts/train_tiny_model.py --attention-layer 0 --out DIR   # the attention-first experiment
 """
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str, probe=None
 
 
 def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr: float,
-          context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150) -> dict:
+          context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150,
+          attention_layer: int = 3) -> dict:
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.jsonl").open("w")
@@ -76,7 +78,7 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
     texts = ["".join(s for s, _ in guilang.transcript_segments(guilang.generate_episode(900_000 + s, n)))
              for s in range(400) for n in (3, 6, 9, 12)]
     tok = tm.train_tokenizer(texts, vocab_size=1024)
-    cfg = tm.model_config(tok)
+    cfg = tm.model_config(tok, attention_layer)
     base = tm.new_base_model(cfg, seed).to(device)
     log({"phase": "setup", "vocab": tok.get_vocab_size(), "params": sum(p.numel() for p in base.parameters()),
          "threads": torch.get_num_threads(), "torch": torch.__version__})
@@ -114,12 +116,15 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
     total_s = time.time() - t0
     note = (f"guilang seed={seed} copy_warmup={warmup} base_steps={base_steps} mtp_steps={mtp_steps} tokens/batch={budget} "
             f"lr={lr} context_weight={context_weight}")
+    if attention_layer != 3:  # the default keeps the note (and the file) as before
+        note += f" attention_layer={attention_layer}"
     tm.save_model_dir(out, cfg, base.cpu(), mtp.cpu(), tok, note)
     log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
     log_file.close()
     return {"train_seconds": round(total_s, 1), "base_seconds": round(base_s, 1), "seed": seed,
             "base_steps": base_steps, "mtp_steps": mtp_steps, "tokens_per_batch": budget, "lr": lr,
-            "context_weight": context_weight, "copy_warmup_steps": warmup, "threads": torch.get_num_threads()}
+            "context_weight": context_weight, "copy_warmup_steps": warmup, "attention_layer": attention_layer,
+            "threads": torch.get_num_threads()}
 
 
 def teacher_forced(base, tok, n_episodes: int, device: str = "cpu") -> dict:
@@ -298,6 +303,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--context-weight", type=float, default=0.1)
     ap.add_argument("--copy-warmup", type=int, default=150, help="dense copy steps before guilang")
+    ap.add_argument("--attention-layer", type=int, default=3,
+                    help="index of the full-attention layer (0 was tried: no copy circuit formed)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (how the committed model was trained)")
     ap.add_argument("--probe", action="store_true", help="log teacher-forced accuracy every 100 steps")
@@ -315,7 +322,7 @@ def main() -> None:
     if not args.eval_only:
         metrics = {"training": train(args.out, args.seed, args.base_steps, args.mtp_steps, args.tokens,
                                      args.lr, args.context_weight, args.device, args.probe,
-                                     args.copy_warmup)}
+                                     args.copy_warmup, args.attention_layer)}
         metrics_file.write_text(json.dumps(metrics, indent=1))
     if args.no_eval:
         return

@@ -45,3 +45,22 @@ def test_zeroed_gdn_state_mid_answer_is_measured(engine):
     for r in res.values():
         assert r["eligible"] >= 8 and r["planted_req_ids"] > 0, res
     assert res["nan_conv/all"]["changed"] == res["nan_conv/all"]["eligible"], res
+
+
+def test_perturbed_cached_state_at_a_block_boundary_reaches_later_requests(engine):
+    """Later requests are served from the cached block-boundary state that the KV cache manager
+    names (hit count asserted inside); unperturbed, that hit reproduces the cold answers; filled
+    with NaN in one GDN layer it changes every later answer, so the edit lands in the block that is
+    served. Zeroed / swapped recurrent states are measured (the >= 50 % criterion is recorded in
+    vllm_metrics.json and docs/tiny-model.md, not asserted: the committed model misses it)."""
+    from statescope import tiny_vllm
+
+    res = tiny_vllm.prefix_cache_sensitivity(engine, episodes=10, modes=("nan_ssm", "zero_ssm", "swap_ssm"))
+    assert res["cached_tokens"][0] >= 2 * res["block_size"], res
+    assert set(res["by_mode_layer"]) == {f"{m}/gdn{i}" for m in ("nan_ssm", "zero_ssm", "swap_ssm")
+                                         for i in range(3)}
+    ctl = res["control_unperturbed_hit"]
+    assert ctl["hits"] >= 4 and ctl["changed"] == 0, ctl
+    for i in range(3):
+        nan = res["by_mode_layer"][f"nan_ssm/gdn{i}"]
+        assert nan["trials"] >= 4 and nan["requests_changed"] == nan["requests"], res["by_mode_layer"]

@@ -6,13 +6,18 @@ sends the chat-templated prompt of every step of held-out guilang episodes (gree
 logprobs), grades each answer (``guilang.grade``), and reports validity, correctness, the fraction
 of output tokens whose top-1/top-2 logprob margin is below 0.1, vLLM's own MTP acceptance counters,
 the prefix-cache hit rate, and the block sizes the engine resolved (attention ``block_size`` and
-``mamba_block_size``, read back from the running config, not from what was asked).
+``mamba_block_size``, read back from the running config, not from what was asked). Two state
+sensitivity measurements: ``fault_sensitivity`` zeroes running GDN state mid-answer (planted
+``statescope.faults``); ``prefix_cache_sensitivity`` edits a *cached* block-boundary state (found
+through the engine's KV cache manager) and checks whether later requests served from it answer
+differently.
 
-    python -m statescope.tiny_vllm --episodes 10 --fault-episodes 10 \
+    python -m statescope.tiny_vllm --episodes 10 --fault-episodes 10 --prefix-episodes 10 \
         --out data/models/tiny-gui/vllm_metrics.json
 
 What it deliberately does not do: train, compare against PyTorch (``scripts/train_tiny_model.py``
-does that), or capture states.
+does that), capture states, or run outside an in-process engine (the prefix variant reaches the
+scheduler and the runner's tensors directly).
 """
 from __future__ import annotations
 
@@ -97,7 +102,9 @@ def fault_sensitivity(engine, episodes: int = 3, at_output_token: int = 3,
     state (``zero_ssm``) of those layers once the request has produced ``at_output_token`` tokens.
     Returns {"<kind>/<layers>": {"changed", "eligible", "planted_req_ids"}}; eligible = answers
     longer than ``at_output_token + 1`` tokens (shorter ones end before the fault can act);
-    ``planted_req_ids`` counts the distinct vLLM request ids the fault log names (0: never fired)."""
+    ``planted_req_ids`` counts the distinct vLLM request ids the fault log names (0: never fired).
+    ``nan_*`` kinds run on every GDN layer only: they check that a fault of that part lands (NaN
+    state must change every answer; under MTP the ``nan_ssm`` one does not, see ``main``)."""
     from statescope.faults import FaultSpec, install_fault
 
     prompts = [p for p, _ in step_prompts(episodes)]
@@ -105,7 +112,7 @@ def fault_sensitivity(engine, episodes: int = 3, at_output_token: int = 3,
     out: dict[str, dict] = {}
     try:
         for kind in kinds:
-            for layers in layer_sets:
+            for layers in ((None,) if kind.startswith("nan") else layer_sets):  # nan: a landing check
                 spec = FaultSpec(kind=kind, rate=1.0, at_output_token=at_output_token, layers=layers)
                 install_fault(spec)
                 got = engine.generate(prompts, max_tokens=max_tokens, logprobs=0)
@@ -120,6 +127,134 @@ def fault_sensitivity(engine, episodes: int = 3, at_output_token: int = 3,
     return out
 
 
+# zero_* measure; nan_* (on every GDN layer only) check that a fault of that part lands at all
+FAULT_KINDS = ("zero_conv", "zero_ssm", "nan_conv", "nan_ssm")
+PREFIX_MODES = ("zero_conv", "zero_ssm", "swap_conv", "swap_ssm")  # also nan_conv / nan_ssm
+
+
+def _gdn_cached_blocks(engine, prompt_ids: list[int]) -> tuple[int, dict[int, int]]:
+    """(cached tokens, {GDN ordinal: physical block}) that a request with ``prompt_ids`` would be
+    served from, asked of the engine's own KV cache manager (a lookup: it allocates nothing)."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    core = engine.llm.llm_engine.engine_core.engine_core
+    probe = Request("statescope-prefix-probe", list(prompt_ids), SamplingParams(max_tokens=1), None,
+                    block_hasher=core.request_block_hasher)
+    blocks, hit, *_ = core.scheduler.kv_cache_manager.get_computed_blocks(probe)
+    layers = engine.llm.collective_rpc(_gdn_groups)[0]
+    # A Mamba group's hit is null blocks up to the last one, which holds the state at the boundary.
+    return int(hit), {i: int(blocks.blocks[gid][-1].block_id) for i, (gid, _) in enumerate(layers)
+                      if hit and not blocks.blocks[gid][-1].is_null}
+
+
+def _gdn_groups(worker) -> list[tuple[int, str]]:
+    from statescope.faults import gdn_layers
+
+    return gdn_layers(worker.model_runner)
+
+
+def _edit_state(engine, layer: int, part: int, block: int, source: int | None, nan: bool = False) -> None:
+    """Zero (``source`` None), fill with NaN (``nan``) or overwrite with block ``source`` the conv
+    (part 0) or recurrent (part 1) state of GDN ordinal ``layer`` in physical block ``block``."""
+    def edit(worker) -> None:
+        from statescope.faults import gdn_layers
+
+        runner = worker.model_runner
+        name = gdn_layers(runner)[layer][1]
+        state = runner.compilation_config.static_forward_context[name].kv_cache[part]
+        if nan:
+            state[block].fill_(float("nan"))
+        elif source is not None:
+            state[block].copy_(state[source])
+        else:
+            state[block].zero_()
+
+    engine.llm.collective_rpc(edit)
+
+
+def prefix_cache_sensitivity(engine, episodes: int = 6, modes: tuple[str, ...] = PREFIX_MODES,
+                             min_blocks: int = 3, later: int = 3, max_tokens: int = 24) -> dict:
+    """How often a perturbed *cached* GDN state at a block boundary changes later requests' answers.
+
+    Per held-out episode: request A is the first step whose prompt spans >= ``min_blocks`` blocks;
+    the later requests are the next ``later`` steps (their prompts extend A's). Reference: the later
+    requests after a prefix-cache reset. Then, per (mode, GDN layer): reset, run A (in align mode
+    its state at a block boundary is cached), look up through the KV cache manager the
+    block a later request would be served from, zero that block's conv window / recurrent state of
+    one GDN layer (``zero_*``), or overwrite it with the same layer's cached state of another
+    episode's request at a block boundary (``swap_*``), or fill it with NaN (``nan_*``: a positive
+    control, every later answer must change), run the later requests, and check they were served
+    the promised cached tokens (else ``GeometryNotExercised``). A trial changes when any later answer differs
+    from the reference. A control per episode serves the later requests from A's unperturbed cached
+    state (``control_unperturbed_hit``: how many of them differ from the reference; should be 0).
+    It does not perturb states that are not cached at a boundary (mid-answer
+    faults are ``fault_sensitivity``), and needs prefix caching with ``mamba_cache_mode`` align."""
+    from statescope.errors import GeometryNotExercised, InputError
+
+    bad = [m for m in modes if m not in PREFIX_MODES + ("nan_conv", "nan_ssm")]
+    if bad:
+        raise InputError(f"prefix_cache_sensitivity: modes {bad}: expected zero_/swap_/nan_ + conv/ssm")
+    pairs = []
+    for e in range(episodes):
+        ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10)
+        prompts = [guilang.render_prompt(ep, s.index) for s in ep.steps]
+        pairs.append(prompts)
+    bs = engine.resolved()["mamba_block_size"]
+    ids = [[r.prompt_token_ids for r in engine.generate(p, max_tokens=1, logprobs=0)] for p in pairs]
+    n_gdn = len(engine.llm.collective_rpc(_gdn_groups)[0])
+    res: dict[str, dict] = {}
+    hits: list[int] = []
+    control = {"hits": 0, "changed": 0, "requests": 0}
+    for e, prompts in enumerate(pairs):
+        first = next((i for i, t in enumerate(ids[e]) if len(t) >= min_blocks * bs and i + 1 < len(ids[e])),
+                     None)
+        if first is None:
+            continue  # episode too short for a hit on several blocks
+        a, later_prompts = prompts[first], prompts[first + 1:first + 1 + later]
+        other, other_ids = pairs[(e + 1) % len(pairs)][-1], ids[(e + 1) % len(pairs)][-1]
+        engine.reset_prefix_cache()
+        ref = [r.output_token_ids for r in engine.generate(later_prompts, max_tokens=max_tokens, logprobs=0)]
+        # control: served from A's unperturbed cached state, the answers must be the reference
+        engine.reset_prefix_cache()
+        engine.generate([a], max_tokens=max_tokens, logprobs=0)
+        ctl = engine.generate(later_prompts, max_tokens=max_tokens, logprobs=0)
+        control["hits"] += ctl[0].num_cached_tokens > 0
+        control["changed"] += sum(c.output_token_ids != r for c, r in zip(ctl, ref))
+        control["requests"] += len(ctl)
+        for mode in modes:
+            for layer in range(n_gdn):
+                engine.reset_prefix_cache()
+                engine.generate([a, other] if mode.startswith("swap") else [a], max_tokens=max_tokens,
+                                logprobs=0)
+                hit, blocks = _gdn_cached_blocks(engine, ids[e][first + 1])
+                if layer not in blocks:
+                    raise GeometryNotExercised(f"episode {e}: no cached GDN state for the later request "
+                                               "(prefix caching with mamba_cache_mode=align needed)")
+                source = _gdn_cached_blocks(engine, other_ids)[1].get(layer) if mode.startswith("swap") else None
+                if mode.startswith("swap") and source is None:
+                    raise GeometryNotExercised(f"episode {e}: the other request left no cached GDN state")
+                _edit_state(engine, layer, 0 if mode.endswith("conv") else 1, blocks[layer], source,
+                            nan=mode.startswith("nan"))
+                got = engine.generate(later_prompts, max_tokens=max_tokens, logprobs=0)
+                if got[0].num_cached_tokens != hit:
+                    raise GeometryNotExercised(f"episode {e}: later request served {got[0].num_cached_tokens} "
+                                               f"cached tokens, the cache manager promised {hit}")
+                hits.append(hit)
+                changed = [g.output_token_ids != r for g, r in zip(got, ref)]
+                rec = res.setdefault(f"{mode}/gdn{layer}", {"changed": 0, "trials": 0,
+                                                            "requests_changed": 0, "requests": 0})
+                rec["changed"] += any(changed)
+                rec["trials"] += 1
+                rec["requests_changed"] += sum(changed)
+                rec["requests"] += len(changed)
+    trials = sum(r["trials"] for r in res.values())
+    total = sum(r["changed"] for r in res.values())
+    return {"trials": trials, "changed": total, "changed_fraction": total / max(1, trials),
+            "cached_tokens": [min(hits), max(hits)] if hits else None, "block_size": bs,
+            "control_unperturbed_hit": control, "by_mode_layer": res}
+
+
 def main() -> None:
     import statescope  # noqa: F401  (CPU import shims before vLLM)
 
@@ -129,6 +264,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--fault-episodes", type=int, default=3,
                     help="held-out episodes for the planted-fault sensitivity (0: skip)")
+    ap.add_argument("--prefix-episodes", type=int, default=0,
+                    help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
     args = ap.parse_args()
     from statescope.engine import EngineConfig, OfflineEngine
 
@@ -137,7 +274,18 @@ def main() -> None:
         if args.fault_episodes:
             res["fault_sensitivity"] = {
                 "at_output_token": 3, "episodes": args.fault_episodes,
-                "changed": fault_sensitivity(eng, episodes=args.fault_episodes)}
+                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, kinds=FAULT_KINDS)}
+        if args.prefix_episodes:
+            res["prefix_cache_sensitivity"] = prefix_cache_sensitivity(eng, episodes=args.prefix_episodes)
+    if args.fault_episodes:
+        # Under MTP the GDN kernel reads the recurrent state from one of num_spec+1 blocks chosen by
+        # the accepted count, and the planted ssm faults write only the running block: they do not
+        # land (nan_ssm changes nothing). Without MTP there is one block, so measure it there too.
+        no_mtp = EngineConfig(model=str(args.model), speculative_method=None, num_speculative_tokens=0)
+        with OfflineEngine(no_mtp) as eng:
+            res["fault_sensitivity_no_mtp"] = {
+                "at_output_token": 3, "episodes": args.fault_episodes,
+                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, kinds=FAULT_KINDS)}
     text = json.dumps(res, indent=1)
     if args.out:
         args.out.write_text(text)

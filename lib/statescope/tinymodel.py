@@ -76,9 +76,16 @@ def encode_episode(tok, episode: guilang.Episode) -> tuple[list[int], list[bool]
 
 
 # ----------------------------------------------------------------------------- config / base
-def model_config(tok) -> dict:
-    """The tiny model's config: the lead's text_config with this tokenizer's vocabulary."""
+def model_config(tok, attention_layer: int = 3) -> dict:
+    """The tiny model's config: the lead's text_config with this tokenizer's vocabulary, its one
+    full-attention layer at index ``attention_layer`` (0: first; 3: last, as text_config has it)."""
     cfg = text_config(vocab_size=tok.get_vocab_size())
+    n = cfg["num_hidden_layers"]
+    if not 0 <= attention_layer < n:
+        raise ValueError(f"attention_layer={attention_layer}: expected 0..{n - 1}")
+    # Tried attention first (index 0: it sees only embeddings + RoPE, so no induction head, and
+    # recalls would have to go through the GDN state): no copy circuit formed within the budget.
+    cfg["layer_types"] = ["full_attention" if i == attention_layer else "linear_attention" for i in range(n)]
     # One linear value head (one float32 SSM state of 64 KiB per layer) and 4 attention KV heads of
     # 128 (2 KiB of bf16 K+V per token): vLLM-CPU needs only 34 tokens of attention page to cover
     # a Mamba page, so the resolved block is the backend's minimum, not 384.
