@@ -40,11 +40,13 @@ def test_zeroed_gdn_state_mid_answer_is_measured(engine):
     from statescope import tiny_vllm
 
     res = tiny_vllm.fault_sensitivity(engine, episodes=3, layer_sets=(None,),
-                                      kinds=("nan_conv", "zero_conv", "zero_ssm"))
-    assert set(res) == {"nan_conv/all", "zero_conv/all", "zero_ssm/all"}
+                                      kinds=("nan_conv", "nan_ssm", "zero_conv", "zero_ssm"))
+    assert set(res) == {"nan_conv/all", "nan_ssm/all", "zero_conv/all", "zero_ssm/all"}
     for r in res.values():
         assert r["eligible"] >= 8 and r["planted_req_ids"] > 0, res
     assert res["nan_conv/all"]["changed"] == res["nan_conv/all"]["eligible"], res
+    # Under MTP the recurrent state is read from one of num_spec + 1 blocks: a NaN there must land too.
+    assert res["nan_ssm/all"]["changed"] == res["nan_ssm/all"]["eligible"], res
 
 
 def test_perturbed_cached_state_at_a_block_boundary_reaches_later_requests(engine):

@@ -148,6 +148,18 @@ def running_block(runner, req_id: str, gid: int) -> int:
     return block_ids[min(col, len(block_ids) - 1)]
 
 
+def _ssm_read_blocks(runner, req_id: str, gid: int) -> list[int]:
+    """Blocks the coming step may read the recurrent state from. With speculative decoding the
+    GDN kernel keeps one state per draft position in ``num_spec + 1`` consecutive blocks from the
+    running column and starts from the one the accepted count picks, so a fault written to the
+    running block alone would never be read (measured: NaN there changed 0 of 64 answers with
+    MTP(2), 64 of 64 without). The conv window has no such copies: its running block only."""
+    block_ids = runner.requests[req_id].block_ids[gid]
+    col = min(getattr(runner, "mamba_state_idx", {}).get(req_id, 0), len(block_ids) - 1)
+    n = 1 + int(getattr(runner, "num_spec_tokens", 0) or 0)
+    return list(block_ids[col:col + n])
+
+
 def _facts(runner, req_id: str) -> dict:
     state = runner.requests[req_id]
     return {"req_id": req_id, "output_tokens": len(state.output_token_ids),
@@ -188,7 +200,12 @@ def _plant_state(runner, spec: FaultSpec, scheduler_output=None) -> None:
                 (window[at] if rows_first else window[:, at]).add_(spec.delta)
                 extra = {"row": spec.row, "window_row": at, "delta": spec.delta}
             else:
-                tensor[block].fill_(float("nan") if spec.kind.startswith("nan") else 0.0)
+                value = float("nan") if spec.kind.startswith("nan") else 0.0
+                blocks = _ssm_read_blocks(runner, req_id, gid) if "ssm" in spec.kind else [block]
+                for b in blocks:
+                    tensor[b].fill_(value)
+                if len(blocks) > 1:
+                    extra = {"blocks": [int(b) for b in blocks]}
             facts = _facts(runner, req_id)
             if scheduler_output is not None:  # schedule-time count of the step that reads it
                 facts["num_computed_tokens"] = _scheduled_computed(scheduler_output, req_id)
