@@ -116,6 +116,10 @@ def test_bad_captures_raise_input_error_naming_run_and_field(gpu_run, tmp_path):
         pd.read_parquet(part).drop(columns=["row_checksums"]).to_parquet(part)
     with pytest.raises(InputError, match=r"no_rows.*row_checksums"):
         conv_shift_check(no_rows)
+    from statescope.conv_continuity import run_continuity
+
+    assert run_continuity(no_rows) is None  # what `statescope diverge` uses: skipped, not an error
+    assert len(run_continuity(gpu_run)) == 3117
 
     no_acc = _copy_run(gpu_run, tmp_path / "no_acc")
     for part in (no_acc / "tables").glob("steps-*.parquet"):
@@ -187,3 +191,16 @@ def test_clean_run_is_continuous_and_a_planted_count_swap_breaks_it_where_plante
     victim = next(r for r in report.diverged if (r["req_id"], r["first_step"]) in want)
     why = score_accept(with_continuity(victim, df), ctx).why
     assert "exact row checksums" in why
+
+
+def test_continuity_cli_reports_the_gpu_breaks_and_exits_1(gpu_run, capsys):
+    """`statescope continuity RUN --json` needs no reference run: the GPU capture's 41 broken
+    transitions (3 layers each) come out, and the exit status says a shift broke."""
+    from statescope.cli import main
+
+    rc = main(["continuity", str(gpu_run.path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert out["summary"]["break_transitions"] == 41 and len(out["breaks"]) == 41 * 3
+    assert {b["expected_shift"] for b in out["breaks"]} == {3}
+    assert all(b["moved"] for b in out["breaks"])

@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_capture_subcommands(sub)
     add_diverge_subcommand(sub)
+    from statescope.conv_continuity import add_continuity_subcommand; add_continuity_subcommand(sub)  # noqa: E702
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
     add_bisect_subcommands(sub)

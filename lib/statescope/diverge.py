@@ -280,8 +280,11 @@ def diverge_command(args: argparse.Namespace) -> int:
 
     report = (_position_report(args) if args.by_position
               else divergence_report(args.run, args.reference, rtol=args.rtol))
-    table = hypothesis_table(report, run_context(_open(args.run, "run"), planted=args.planted,
-                                                 gdn_layers=report.gdn_layers))
+    from statescope.conv_continuity import run_continuity
+
+    run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
+    table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
+                             continuity=run_continuity(run))
     if args.json:
         print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
     else:
