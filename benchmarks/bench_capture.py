@@ -49,9 +49,12 @@ class CaptureClock:
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.by_name: dict[str, float] = {}  # per sink method ("drain": the flusher's emission)
         self._lock = threading.Lock()
 
-    def timed(self, fn):
+    def timed(self, fn, name: str | None = None):
+        name = name or getattr(fn, "__name__", "?")
+
         def wrapper(*args, **kwargs):
             t0 = time.thread_time()
             try:
@@ -60,18 +63,19 @@ class CaptureClock:
                 dt = time.thread_time() - t0
                 with self._lock:
                     self.seconds += dt
+                    self.by_name[name] = self.by_name.get(name, 0.0) + dt
         return wrapper
 
     def attach(self, recorder) -> None:
         for name in self.SINK:  # the hooks call these through the recorder instance
-            setattr(recorder, name, self.timed(getattr(recorder, name)))
+            setattr(recorder, name, self.timed(getattr(recorder, name), name))
         from statescope import capture_run
 
         if not hasattr(capture_run.RunCapture.drain, "_bench"):
             drain = capture_run.RunCapture.drain
 
             def timed_drain(run, force=False):  # the flusher thread's emission of finished steps
-                return CLOCK[0].timed(drain)(run, force) if CLOCK else drain(run, force)
+                return CLOCK[0].timed(drain, "drain")(run, force) if CLOCK else drain(run, force)
             timed_drain._bench = True
             capture_run.RunCapture.drain = timed_drain
 

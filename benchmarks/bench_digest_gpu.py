@@ -23,7 +23,7 @@ import time
 from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("STATESCOPE_DIGEST_TRITON", "1")  # the Triton path is opt-in
+os.environ.setdefault("STATESCOPE_DIGEST_TRITON", "1")  # the default; "0" in the env would skip it
 
 import statescope  # noqa: E402,F401  (import shims first)
 import torch  # noqa: E402
@@ -118,7 +118,7 @@ def main() -> None:
     for path in ("torch", "triton"):
         digest_mod._triton[:] = [] if path == "triton" else [None]
         d = Digester(3, 0)
-        cap = SimpleNamespace(geoms=geoms, digester=d)
+        cap = SimpleNamespace(geoms=geoms, digester=d, device_path=True)
         if path == "triton":
             assert d.digest_device([s[1] for s in states], ids.to(args.device)) is not None, \
                 "the Triton path declined (see the log)"

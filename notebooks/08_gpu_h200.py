@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -17,12 +22,14 @@
 # torch 2.11.0+cu130: the last release that runs there, and one that predates the upstream
 # same-block copy fix). `docs/gpu.md` is the prose version.
 #
-# Two rounds ran. Round 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
+# Three rounds ran. Round 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
 # decision in `e2e/parts_Q.jsonl`): the trigger arm alone, eager, on an earlier GPU-trained twin of
 # `tiny-gui`. Round 2 (`data/results/gpu/e2e/`, 2026-11-30 ~03:00 UTC, the CPU-trained `tiny-gui`):
 # the trigger compiled (torch.compile + CUDA graphs) with capture, its three controls and the
 # race-susceptible variant's four arms eager, the trigger again with capture off, and the capture
-# overhead on two random-weight hybrids. What did not run says **not run**.
+# overhead on two random-weight hybrids. Round 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
+# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. What
+# did not run says **not run**.
 
 # %%
 import pandas as pd
@@ -30,13 +37,45 @@ from statescope import gpu_results as gr
 {k: gr.manifest()[k] for k in ("vllm", "torch", "triton", "gpu", "driver", "cuda", "date_utc")}
 
 # %% [markdown]
+# ## 0 · Round 3: corruption detected on the H200
+#
+# The four arms again on tiny-gui, **all eager**, 12 seeds (96 episodes, 576 requests per arm), each
+# verdict recomputed from the committed records (`statescope.gpu_round3`). The trigger fails 11 of
+# 96 episodes, every one-factor control 0: Fisher's one-sided p = 0.00036 for each pair, and every
+# engagement guard holds (prefix-cache hits and accepted drafts in the trigger).
+
+# %%
+from statescope import gpu_round3 as r3
+pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
+
+# %% [markdown]
+# What the trigger answered instead. Nine of the 17 type **another episode's value** — the symptom of
+# state or a count that belongs to another request — six run on into screen text, two act on the
+# wrong id; all were prefix-cache hits.
+
+# %%
+pd.DataFrame(r3.departures())
+
+# %% [markdown]
+# **Which factors.** Every tiny-gui configuration run on the H200, against round 2's eager async-off
+# control on the 288 requests all share. The eager trigger departs on the same six requests as
+# round 2's compiled one, the compiled async-off control on none: CUDA graphs are not needed, async
+# scheduling is (and prefix caching and MTP, whose controls are clean). With two engines sharing
+# the GPU (the 12-seed set) the trigger departed on 12 of these 288: which requests are hit depends
+# on timing.
+
+# %%
+pd.DataFrame(r3.factor_table())
+
+# %% [markdown]
 # ## 1 · The end-to-end verdict table (trigger vs controls)
 #
 # Trigger: prefix caching + `mamba_cache_mode="align"` + MTP(2) + async scheduling. Controls: async
 # off, prefix caching off, MTP off. Recomputed here from the committed records with
 # `reproduce.label_rows`/`summarize` and `stats.decide` (unit: episode, one-sided Fisher, α = 0.01).
-# **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its controls eager — a compiled start
-# (~150 s) did not fit the controls' time limits — so each pair differs in CUDA graphs as well.
+# These are round 2's arms (6 seeds). **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its
+# controls eager — a compiled start (~150 s) did not fit the controls' time limits — so each pair
+# differs in CUDA graphs as well (round 3's factor check above shows that difference does not matter).
 # The race variant's arms all ran eager; its one failing request fails identically in every arm
 # (a model error), which trips the control-quality guard: "control broken" is the honest label.
 
@@ -159,6 +198,22 @@ gr.bisect_result().posterior_figure()
 
 # %%
 pd.DataFrame(gr.overhead_table())
+
+# %% [markdown]
+# Round 3 replaced the torch digest with one Triton launch per state kind (now the default on CUDA):
+# per step 0.48 ms on the GPU instead of 10.6, same checksums bit for bit —
+
+# %%
+pd.DataFrame(r3.digest_bench())
+
+# %% [markdown]
+# — yet the ratio stayed 0.83–0.86. The probe (modes off / hooks only / digest) says why: the steps
+# are host-bound, and what the capture still spends is Python, in the step's thread and in the
+# flusher (same GIL), about as many milliseconds as are lost; no statescope call synchronizes the
+# GPU. Still **not met**; `docs/gpu.md` lists what would have to move out of Python.
+
+# %%
+pd.DataFrame(r3.probe_table())
 
 # %% [markdown]
 # The earlier session's measurement (tiny Qwen3-Next, CUDA graphs + async), for comparison:

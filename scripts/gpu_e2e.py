@@ -267,7 +267,9 @@ def capture_summary(dirs: list, out: Path, label: str) -> dict:
     return res
 
 
-def large_overhead(cpu: bool, layers: int = 24, hidden: int = 2048) -> dict:
+def large_runner(cpu: bool, layers: int = 24, hidden: int = 2048) -> tuple:
+    """An engine on a random-weight Qwen3.5-architecture hybrid (load_format="dummy"), compiled with
+    CUDA graphs and async scheduling on a GPU (eager, tiny on --cpu), and what it resolved."""
     import statescope  # noqa: F401
     from statescope import gpu_e2e, gpu_models
     from statescope.engine import EngineConfig
@@ -285,11 +287,15 @@ def large_overhead(cpu: bool, layers: int = 24, hidden: int = 2048) -> dict:
     config = EngineConfig(model=str(d), enforce_eager=cpu, async_scheduling=True if not cpu else None,
                           kv_cache_memory_bytes=16 * 2**30 if not cpu else 512 * 2**20, extra=extra)
     runner = OfflineRunner(config)
+    r = runner.resolved()
+    return runner, {"params": gpu_models.approx_params(cfg), "conv_row_bytes": gpu_models.conv_row_bytes(cfg),
+                    "resolved": r, "startup_s": runner.engine.startup_s}
+
+
+def large_overhead(cpu: bool, layers: int = 24, hidden: int = 2048) -> dict:
+    runner, res = large_runner(cpu, layers, hidden)
     try:
-        r = runner.resolved()
-        bs = int(r.get("mamba_block_size") or r.get("block_size"))
-        res = {"params": gpu_models.approx_params(cfg), "conv_row_bytes": gpu_models.conv_row_bytes(cfg),
-               "resolved": r, "startup_s": runner.engine.startup_s}
+        bs = int(res["resolved"].get("mamba_block_size") or res["resolved"].get("block_size"))
         res.update(overhead(runner, bs))
         res["metrics"] = runner.metrics()
     finally:

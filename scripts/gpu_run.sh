@@ -46,6 +46,24 @@ set -uo pipefail
 out=${OUT:?run this on the device machine, where OUT is set}
 site="$(python3 -c 'import tempfile; print(tempfile.gettempdir())')/site"
 case "${1:-}" in
+  triton_bench)  # round 3, call 3 (carry .gpu3): install, then the one-launch Triton digest vs torch
+    bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 3; }
+    . "$site/vllm-env.sh"
+    export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+    nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+    for args in "" "--layout DS" "--layers 24 --heads 32" "--layers 3 --heads 1 --conv-dim 384 --requests 32"; do
+      echo "== bench_digest_gpu.py $args" >>"$out/bench_digest_gpu.log"
+      timeout 120 python3 benchmarks/bench_digest_gpu.py $args >>"$out/bench_digest_gpu.jsonl" 2>>"$out/bench_digest_gpu.log"
+      echo "rc=$? $args" >>"$out/bench_digest_gpu.log"
+    done
+    if python3 -c "import pytest" 2>/dev/null; then
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_digest_triton.py tests/test_digest.py >"$out/pytest_digest.log" 2>&1
+      echo "pytest rc=$?" >>"$out/pytest_digest.log"
+    else
+      echo "pytest not installed on the device" >"$out/pytest_digest.log"
+    fi
+    tail -3 "$out/pytest_digest.log"; cat "$out/bench_digest_gpu.jsonl"; grep rc= "$out/bench_digest_gpu.log"
+    exit 0;;
   e2e_r)
     . "$site/vllm-env.sh"
     export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING

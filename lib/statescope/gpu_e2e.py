@@ -221,8 +221,9 @@ def overhead_rounds(runner: Any, prompts: list, *, rounds: int = 5, max_tokens: 
                        "tokens": sum(len(x.output_token_ids) for x in recs)}
                 if timer is not None:
                     row["capture_host_s"] = timer.seconds
-                if dirs:
-                    row["engine_steps"] = CaptureRun(dirs[-1]).manifest.get("engine_steps")
+                if dirs:  # which digest kernel ran: a ratio is only meaningful with its path named
+                    man = CaptureRun(dirs[-1]).manifest
+                    row["engine_steps"], row["digest_kernel"] = man.get("engine_steps"), man.get("digest_kernel")
                 out.append(row)
     return out
 

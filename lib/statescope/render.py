@@ -162,6 +162,11 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
     seconds = time.perf_counter() - t0
     scrubber = scrub.Scrubber.for_environment(environ)
     manifest = scrubber.scrub_obj(envmanifest.collect(engines, environ))
+    # a re-render after cells moved must not leave the old cells' figure files behind
+    stale = [*(out / "data").glob(f"{stem}-cell*-fig*.json")]
+    stale += [*(out / "figures").glob(f"{stem}-cell*-fig*.png")] if png else []
+    for f in stale:
+        f.unlink()
     figures = render_share.extract_figures(executed, out, stem, png=png)
     result = {"notebook": stem, "ok": error is None, "error": error, "seconds": seconds,
               "parameters": parameters or {}, "figures": [vars(f) for f in figures], "dir": str(out),

@@ -1,0 +1,220 @@
+"""Where the capture's throughput cost goes on a GPU (issue 7): one device call, one JSON file.
+
+    python3 scripts/gpu_overhead_probe.py --out DIR [--sizes 1p3b,7b] [--rounds 6] [--max-tokens 160]
+
+For each random-weight hybrid of ``gpu_e2e.LARGE_SIZES`` (compiled, CUDA graphs, async scheduling,
+prefix caching + align + MTP(2): the trigger configuration), on one engine:
+
+1. interleaved timed rounds of three modes: ``off`` (no hooks), ``hooks`` (capture installed with
+   a spec that selects no request: every hook and the per-step bookkeeping run, no digest is
+   taken) and ``digest``; per round the capture's own thread-CPU seconds split by sink method
+   (``drain`` = the flusher thread's emission, off the step's thread);
+2. one ``digest`` round under ``cProfile`` (the engine's thread only): the top statescope
+   functions by own time, so the in-step host cost has names;
+3. one ``digest`` round with ``torch.cuda.set_sync_debug_mode("warn")``: every synchronizing CUDA
+   call whose Python stack passes through statescope, with that stack (a sync in a hook would
+   cancel async scheduling's overlap, which a host-time clock does not show).
+
+What it deliberately does not do: decide anything (the ratios are read in docs/benchmarks.md),
+or run the tiny model (its overhead is part of the trigger arm in gpu_e2e.py).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+MODES = ("off", "hooks", "digest")
+
+
+def spec_for(mode: str, run_id: str) -> dict:
+    spec = {"output_dir": str(Path(tempfile.gettempdir()) / "statescope_probe"), "run_id": run_id,
+            "mode": "digest"}
+    if mode == "hooks":  # a request id no offline request has: hooks run, nothing is selected
+        spec["requests"] = {"ids": ["no-such-request"]}
+    return spec
+
+
+def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) -> dict:
+    from statescope import capture
+    import bench_capture
+
+    clock = None
+    if mode != "off":
+        rec = capture.install(spec_for(mode, run_id))
+        clock = bench_capture.CaptureClock()
+        bench_capture.CLOCK[:] = [clock]
+        clock.attach(rec)
+    runner.reset_prefix_cache()
+    t0 = time.perf_counter()
+    recs = runner.generate(prompts, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+    dt = time.perf_counter() - t0
+    row = {"mode": mode, "seconds": dt, "tokens": sum(len(r.output_token_ids) for r in recs)}
+    if mode != "off":
+        dirs = capture.uninstall()
+        row["capture_host_s"] = clock.seconds
+        row["by_name_ms"] = {k: round(v * 1e3, 2) for k, v in sorted(clock.by_name.items())}
+        if dirs:
+            from statescope.capture_store import CaptureRun
+
+            man = CaptureRun(dirs[-1]).manifest
+            row["engine_steps"], row["digest_kernel"] = man.get("engine_steps"), man.get("digest_kernel")
+    return row
+
+
+def summarize(rows: list[dict]) -> dict:
+    by = {m: [r for r in rows if r["mode"] == m] for m in MODES}
+    off = [r["tokens"] / r["seconds"] for r in by["off"]]
+    out = {}
+    for m, rs in by.items():
+        rates = [r["tokens"] / r["seconds"] for r in rs]
+        paired = [a / b for a, b in zip(rates, off)]  # round k of this mode over round k of off
+        out[m] = {"median_tok_s": statistics.median(rates), "ratio_median": statistics.median(rates) / statistics.median(off),
+                  "ratio_best": max(rates) / max(off), "paired_ratio_median": statistics.median(paired),
+                  "paired_ratios": [round(x, 4) for x in paired]}
+        steps = [r.get("engine_steps") for r in rs if r.get("engine_steps")]
+        if steps:
+            out[m]["capture_host_ms_per_step"] = statistics.median(
+                r["capture_host_s"] * 1e3 / r["engine_steps"] for r in rs if r.get("engine_steps"))
+            names = {k for r in rs for k in r["by_name_ms"]}
+            out[m]["by_name_ms_per_step"] = {k: round(statistics.median(
+                r["by_name_ms"].get(k, 0) / r["engine_steps"] for r in rs if r.get("engine_steps")), 4)
+                for k in sorted(names)}
+    return out
+
+
+def profile_round(runner, prompts: list, max_tokens: int) -> list[dict]:
+    from statescope import capture
+
+    capture.install(spec_for("digest", "profile"))
+    runner.reset_prefix_cache()
+    prof = cProfile.Profile()
+    prof.enable()
+    runner.generate(prompts, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+    prof.disable()
+    capture.uninstall()
+    st = pstats.Stats(prof)
+    rows = []
+    for (fname, line, func), (cc, nc, tt, ct, _) in st.stats.items():
+        if "statescope" in fname:
+            rows.append({"fn": f"{Path(fname).name}:{line}:{func}", "calls": nc, "own_ms": round(tt * 1e3, 2),
+                         "cum_ms": round(ct * 1e3, 2)})
+    rows.sort(key=lambda r: -r["own_ms"])
+    total = sum(v[2] for v in st.stats.values())
+    return [{"profile_total_own_s": round(total, 3)}] + rows[:40]
+
+
+def sync_round(runner, prompts: list, max_tokens: int) -> dict:
+    import torch
+    from statescope import capture
+
+    hits: dict[str, int] = {}
+    stacks: dict[str, str] = {}
+    orig = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        stack = traceback.extract_stack()[:-1]
+        ours = [f for f in stack if "statescope" in f.filename]
+        if ours:
+            key = f"{Path(ours[-1].filename).name}:{ours[-1].lineno}"
+            hits[key] = hits.get(key, 0) + 1
+            stacks.setdefault(key, "".join(traceback.format_list(stack[-8:])) + str(message)[:200])
+
+    capture.install(spec_for("digest", "sync"))
+    runner.reset_prefix_cache()
+    warnings.showwarning = show
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                runner.generate(prompts, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    finally:
+        warnings.showwarning = orig
+        capture.uninstall()
+    return {"statescope_sync_sites": hits, "stacks": stacks}
+
+
+def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: float,
+               cpu: bool = False) -> dict:
+    import gpu_e2e as script
+    from statescope import gpu_e2e
+
+    runner, res = script.large_runner(cpu=cpu, **({} if cpu else size))
+    try:
+        vocab = runner.engine.llm.get_tokenizer().vocab_size
+        bs = int(res["resolved"].get("mamba_block_size") or res["resolved"].get("block_size"))
+        prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
+        for mode in MODES:  # warm-up round per mode (Triton compile, pinned pools)
+            timed_round(runner, prompts, mode, f"warm-{mode}", max_tokens)
+        rows = []
+        for r in range(rounds):
+            if time.time() > deadline - 60:
+                res["stopped_early_after_rounds"] = r
+                break
+            for mode in MODES:
+                rows.append(dict(timed_round(runner, prompts, mode, f"{mode}{r}", max_tokens), round=r))
+        res.update(rows=rows, summary=summarize(rows), prompts=len(prompts), max_tokens=max_tokens)
+        if time.time() < deadline - 40:
+            res["profile"] = profile_round(runner, prompts, max_tokens)
+        if time.time() < deadline - 30 and not cpu:  # sync debug mode is CUDA's
+            res["sync"] = sync_round(runner, prompts, max_tokens)
+        res["metrics"] = runner.metrics()
+    finally:
+        runner.close()
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--sizes", default="1p3b,7b")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--budget-s", type=float, default=540)
+    p.add_argument("--cpu", action="store_true", help="shake-out on the CPU build (a 4-layer hybrid)")
+    a = p.parse_args()
+    import gpu_e2e as script
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + a.budget_s
+    results = {"env": {k: os.environ.get(k) for k in ("STATESCOPE_DIGEST_TRITON",)}}
+    for name in a.sizes.split(","):
+        if time.time() > deadline - 150:
+            results[name] = {"skipped": "device time"}
+            continue
+        t0 = time.time()
+        try:
+            results[name] = probe_size(name, script.LARGE_SIZES[name], a.rounds, a.max_tokens, deadline,
+                                        cpu=a.cpu)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()[-3000:]}
+        results[name]["wall_s"] = time.time() - t0
+        (out / "overhead_probe.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        summ = results[name].get("summary", {})
+        print(name, json.dumps({m: {k: v for k, v in s.items() if k != "by_name_ms_per_step"}
+                                for m, s in summ.items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
