@@ -72,3 +72,18 @@ def test_overhead_with_triton_still_misses_the_goal_and_the_probe_says_where():
             # the capture's Python time (step thread + flusher) is the size of the lost time
             lost_ms = r["step_ms_off"] * (1 / r["ratio_median"] - 1)
             assert 0.3 < (r["host_ms_in_step"] + r["host_ms_flusher"]) / lost_ms < 3
+
+
+def test_gpu_results_cli_reports_the_recomputed_verdict(capsys, tmp_path):
+    from statescope.cli import main
+
+    assert main(["gpu-results", "--json"]) == 1  # exit 1: corruption detected
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["manifest"]["vllm"] == "0.26.0"
+    assert [r["outcome"] for r in rep["verdicts"] if r["model"] == "tiny-gui"] == \
+        [r["outcome"] for r in gpu_round3.verdicts()]
+    assert len(rep["departures"]) == len(gpu_round3.departures()) and rep["factors"]
+    assert main(["gpu-results", str(gpu_round3.R3_DIR.parent / "e2e")]) == 0  # round 2: no evidence
+    assert "no evidence" in capsys.readouterr().out
+    assert main(["gpu-results", str(tmp_path)]) == 2
+    assert "arms_*.jsonl" in capsys.readouterr().err

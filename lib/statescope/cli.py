@@ -176,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_build_subcommands(sub)
     add_bisect_subcommands(sub)
     from statescope.cli_render import add_render_subcommand; add_render_subcommand(sub)  # noqa: E702
+    from statescope.cli_gpu import add_gpu_results_subcommand; add_gpu_results_subcommand(sub)  # noqa: E702
     return p
 
 

@@ -1,0 +1,66 @@
+"""``statescope gpu-results [DIR] [--json]``: the committed GPU verdicts, re-derived, in a terminal.
+
+What it does: for a results folder written by ``gpu_results.collect`` (default: round 3,
+``data/results/gpu/e2e_round3/``) it recomputes the trigger-vs-control verdicts from the records
+and lists the trigger's departed requests against the async-off control; for round 3 it adds the
+factor check. Exit status 1 when a verdict says "corruption detected" (so a script can branch on
+it), 0 otherwise, 2 for a folder that is not a results folder.
+
+What it deliberately does not do: run anything (``statescope reproduce`` runs arms), or read the
+capture archives (``statescope continuity`` / ``diverge`` do).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from statescope.errors import InputError
+
+
+def gpu_results_report(d: Path) -> dict:
+    """{"manifest", "verdicts", "departures", "factors"} for results folder ``d``."""
+    from statescope import gpu_results as gr, gpu_round3
+
+    d = Path(d)
+    if not any(d.glob("arms_*.jsonl")):
+        raise InputError(f"{d}: expected a GPU results folder with arms_*.jsonl (see data/results/gpu/README.md)")
+    man = gr.manifest(d) if (d / "manifest.json").is_file() else {}
+    arms = {m["arm"] for m in gr.arms(d) if m.get("label") == "tiny-gui"}
+    return {"dir": str(d),
+            "manifest": {k: man.get(k) for k in ("vllm", "torch", "gpu", "driver", "date_utc", "round")},
+            "verdicts": [{k: v for k, v in r.items() if k != "guard_details"} for r in gr.verdict_table(d)],
+            "departures": gpu_round3.departures(d) if {"trigger", "no_async"} <= arms else [],
+            "factors": gpu_round3.factor_table(d) if (d / "factors").is_dir() else []}
+
+
+def gpu_results_command(args: Any) -> int:
+    from statescope import gpu_round3
+    from statescope.stats import CORRUPTION_DETECTED
+
+    rep = gpu_results_report(Path(args.dir) if args.dir else gpu_round3.R3_DIR)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        import pandas as pd
+
+        m = rep["manifest"]
+        print(f"{rep['dir']}: vLLM {m.get('vllm')} on {m.get('gpu')} (driver {m.get('driver')}), {m.get('date_utc')}")
+        cols = ["model", "control", "outcome", "trigger_failed", "trigger_units", "control_failed",
+                "control_units", "fisher_p"]
+        v = pd.DataFrame(rep["verdicts"])
+        print(v[[c for c in cols if c in v]].to_string(index=False))
+        for key, title in (("departures", "trigger requests that differ from the async-off control"),
+                           ("factors", "each configuration vs the eager async-off control (288 shared requests)")):
+            if rep[key]:
+                print(f"\n{title}:")
+                print(pd.DataFrame(rep[key]).drop(columns=["which"], errors="ignore").to_string(index=False))
+    return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
+
+
+def add_gpu_results_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
+                                                  "(exit 1 if corruption was detected)")
+    p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=gpu_results_command)
