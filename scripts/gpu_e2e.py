@@ -182,6 +182,10 @@ def arm_main(a: argparse.Namespace) -> int:
         compat = enable_qwen35_text()
     else:
         compat = []
+    if a.patch:  # a statescope runtime patch, process-wide, before the engine starts
+        from statescope.patches import apply_patches, parse_patch
+
+        apply_patches([parse_patch(x) for x in a.patch], None)
     arms = gpu_e2e.e2e_arms(str(ROOT / a.model) if not os.path.isabs(a.model) else a.model, gpu=not a.cpu,
                             eager=a.eager)
     arm = arms[a.arm]
@@ -210,7 +214,7 @@ def arm_main(a: argparse.Namespace) -> int:
         return res
 
     meta = gpu_e2e.run_one_arm(arm, trace, str(out / "store"), f"e2e_{a.label}", after=after)
-    meta["label"], meta["model"] = a.label, a.model
+    meta["label"], meta["model"], meta["patches"] = a.label, a.model, list(a.patch or [])
     append(out / f"arms_{a.job}.jsonl", meta)
     return 0
 
@@ -353,6 +357,7 @@ def main() -> int:
         r.add_argument(name, required=True)
     r.add_argument("--seeds", type=int, default=6)
     r.add_argument("--episodes", type=int, default=None, help="per seed (default: all)")
+    r.add_argument("--patch", action="append", help="statescope runtime patch (statescope.patches), repeatable")
     for flag in ("--capture", "--sweep", "--overhead", "--cpu", "--eager"):
         r.add_argument(flag, action="store_true")
     a = p.parse_args()

@@ -7,6 +7,9 @@ requests);
 
 - ``overlap_safe_copy``: ``statescope.overlap_safe`` wraps vLLM's ``batch_memcpy`` (process-wide,
   so both arms get it; it only changes overlapping copies, which are the H-copy race);
+- ``accept_sync``: ``statescope.accept_sync`` wraps the GPU runner's ``_update_states`` so the host
+  accepted counts keep the previous step's row order until vLLM remaps them (process-wide; it only
+  acts under async scheduling, which is the H-accept race);
 - ``cpu_kernels:memmove`` / ``cpu_kernels:barrierless_tiles``: the trigger arm's CPU fused-copy
   semantics (``statescope.cpu_kernels``, 1024-byte tiles; barrier-less tiles EMULATE the GPU race);
 - ``cpu_kernels:release_gpu_order``: EMULATED -- the fused copies follow the build's own GPU
@@ -17,7 +20,7 @@ requests);
   trigger arm's requests, used to plant a regression "from a chosen build on" and always labelled
   PLANTED.
 
-Patches other than ``overlap_safe_copy`` apply to the trigger arm only: the control is the reference
+Patches other than ``overlap_safe_copy`` and ``accept_sync`` apply to the trigger arm only: the control is the reference
 configuration and must stay a clean baseline. What it deliberately does not do: change installed
 files (every patch is a runtime wrapper) or run anything.
 """
@@ -29,6 +32,7 @@ from statescope.errors import InputError
 
 PATCHES = {
     "overlap_safe_copy": "overlap-safe batch_memcpy (runtime patch for the H-copy race)",
+    "accept_sync": "ordered accepted counts (runtime patch for the H-accept race)",
     "cpu_kernels:memmove": "CPU fused copy kernels, memmove semantics (correct)",
     "cpu_kernels:barrierless_tiles": "EMULATED H-copy race: CPU fused copies as barrier-less tiles",
     "cpu_kernels:release_gpu_order": "EMULATED: CPU fused copies ordered as this release's GPU kernel",
@@ -80,6 +84,10 @@ def apply_patches(patches: list[Patch], trigger, *, seed: int = 0) -> list[str]:
             from statescope.overlap_safe import install_overlap_safe_copy
 
             install_overlap_safe_copy()
+        elif p.name == "accept_sync":
+            from statescope.accept_sync import install_accept_sync
+
+            install_accept_sync()
         elif p.name.startswith("cpu_kernels:"):
             trigger.copy_semantics = p.name.split(":", 1)[1]
         elif p.name == "planted_regression":
