@@ -64,6 +64,18 @@ case "${1:-}" in
     fi
     tail -3 "$out/pytest_digest.log"; cat "$out/bench_digest_gpu.jsonl"; grep rc= "$out/bench_digest_gpu.log"
     exit 0;;
+  accept_sync)  # the H-accept patch, end to end (carry .gpu3 on a fresh machine): the eager trigger
+    # unpatched and with statescope.accept_sync, 12 seeds, at the same time (the load under which the
+    # 12-seed trigger departed on 17 requests in round 3); results written straight under $OUT
+    # (store/e2e_<label>/records.jsonl is as deep as what comes back), each arm appended as it ends.
+    [ -f "$site/vllm-env.sh" ] || bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { tail "$out/install.log"; exit 3; }
+    . "$site/vllm-env.sh"
+    export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
+    timeout 420 python3 scripts/gpu_e2e.py arm --model data/models/tiny-gui --label tiny-gui --arm trigger \
+      --out "$out" --job J --eager --seeds 12 >"$out/jobJ.log" 2>&1 &
+    timeout 420 python3 scripts/gpu_e2e.py arm --model data/models/tiny-gui --label tiny-gui-accept-sync \
+      --arm trigger --patch accept_sync --out "$out" --job K --eager --seeds 12 >"$out/jobK.log" 2>&1 &
+    wait; ls "$out" "$out"/store/*; exit 0;;
   e2e_r)
     . "$site/vllm-env.sh"
     export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
