@@ -177,16 +177,19 @@ class Recorder:
             return  # the original returns without launching
         import torch
 
-        from statescope.census_decode import postprocess_decisions
-
         if kind == "precopy":
             data = torch.stack([bound[k][:n].to(torch.int64) for k in
                                 ("state_idx_gpu", "src_col_gpu", "token_bias_gpu")], 1)
-        else:
-            data = postprocess_decisions(*(bound[k][:n] for k in _FUSED_ARGS[kind][1:]),
-                                         block_size=int(ctx.block_size))
-            run.note_used(bound["num_accepted_tokens_gpu"][:n])  # a copy, made before the launch
-        run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
+            run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
+            return
+        # The kernel's five inputs in one copy, made before it runs (it rewrites the accepted counts
+        # in place): one or two device ops in the step; its decisions are derived on the host when
+        # the step is emitted (census_decode.postprocess_decisions_np), not with ~20 ops here.
+        cols = [bound[k][:n] for k in _FUSED_ARGS[kind][1:]]
+        same = len({c.dtype for c in cols}) == 1
+        data = torch.stack(cols if same else [c.to(torch.int64) for c in cols], 1)
+        run.note_used(data[:, 0], copied=True)
+        run.open_launch(kind, data, block_size=int(ctx.block_size))
 
     def launch_done(self) -> None:
         if self.current is not None:

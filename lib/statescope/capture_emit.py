@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from statescope import census, census_decode as cd
 from statescope.digest import unpack
 
@@ -32,6 +34,11 @@ class RunEmitter:
             item.update(zip(keys, values))
             for launch, data in zip(launches, values[len(keys):]):
                 launch.data = data
+        for launch in item["launches"]:
+            if launch.block_size is not None:  # post-process inputs staged in the step: decide now
+                launch.data = torch.from_numpy(cd.postprocess_decisions_np(launch.data.numpy(),
+                                                                           launch.block_size))
+                launch.block_size = None
         metas, es = item["metas"], item["engine_step"]
         acc, used = item.get("accepted"), item.get("used")
         resets = self._window_resets(item)

@@ -49,9 +49,10 @@ DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, p
 class _Launch:
     seq: int
     kind: str  # "scalar" | "precopy" | "postprocess"
-    data: Any = None  # scalar: (src, dst, sizes) host arrays; fused: host tensor of decisions
+    data: Any = None  # scalar: (src, dst, sizes) host arrays; fused: tensor of decisions
     owners: dict = field(default_factory=dict)
     observed: list = field(default_factory=list)
+    block_size: int | None = None  # set: ``data`` holds the post-process inputs, decided at emit
 
 
 @dataclass
@@ -161,21 +162,22 @@ class RunCapture(RunEmitter):
         if self.step is not None:
             self.step.accepted = (output_token_ids != -1).sum(1)
 
-    def note_used(self, num_accepted: torch.Tensor) -> None:
+    def note_used(self, num_accepted: torch.Tensor, copied: bool = False) -> None:
         """The accepted counts a state-update launch reads (cloned before the launch: the kernel
-        may rewrite them in place)."""
+        may rewrite them in place; ``copied``: the caller's tensor already is such a copy)."""
         if self.step is not None:
-            self.step.used = num_accepted.to(torch.int64, copy=True)
+            self.step.used = num_accepted if copied else num_accepted.to(torch.int64, copy=True)
 
     def scalar_meta(self, before: int, after: int, owner: dict) -> None:
         if self.step is not None:
             for off in range(before, after):
                 self.step.scalar_owners[off] = owner
 
-    def open_launch(self, kind: str, data: Any, owners: dict | None = None) -> None:
+    def open_launch(self, kind: str, data: Any, owners: dict | None = None,
+                    block_size: int | None = None) -> None:
         if self.step is None:
             return
-        launch = _Launch(len(self.step.launches), kind, data, owners or {})
+        launch = _Launch(len(self.step.launches), kind, data, owners or {}, block_size=block_size)
         self.step.launches.append(launch)
         self.step.current = launch
         self.step.scalar_owners = {}

@@ -135,16 +135,8 @@ def postprocess_decisions(num_accepted: torch.Tensor, running_cols: torch.Tensor
     if all(t.device.type == "cpu" for t in inputs):
         import numpy as np
 
-        acc, cols, sched, comp, drafts = (t.numpy().astype(np.int64) for t in inputs)
-        running = comp + sched - drafts
-        aligned = (running + acc - 1) // block_size * block_size
-        dst = aligned // block_size - 1
-        crossed = aligned >= running
-        bias = aligned - running
-        copy = crossed & ~((cols == dst) & (bias == 0))
-        reset = crossed & (cols == dst)
-        return torch.from_numpy(np.stack([copy.astype(np.int64), cols, dst, bias,
-                                          reset.astype(np.int64)], -1))
+        return torch.from_numpy(postprocess_decisions_np(np.stack([t.numpy() for t in inputs], 1),
+                                                         block_size))
     acc, cols, sched, comp, drafts = (t.to(torch.int64) for t in inputs)
     running = comp + sched - drafts  # tokens covered by the running state
     new = running + acc - 1
@@ -155,6 +147,23 @@ def postprocess_decisions(num_accepted: torch.Tensor, running_cols: torch.Tensor
     copy = crossed & ~((cols == dst) & (bias == 0))
     reset = crossed & (cols == dst)
     return torch.stack([copy.to(torch.int64), cols, dst, bias, reset.to(torch.int64)], -1)
+
+
+def postprocess_decisions_np(raw: "np.ndarray", block_size: int) -> "np.ndarray":
+    """``postprocess_decisions`` on the host: ``raw`` ``[num_reqs, 5]`` holds the kernel's inputs
+    (accepted, running column, scheduled, computed, drafts) as the capture staged them in the step;
+    returns the ``[num_reqs, 5]`` int64 decisions."""
+    import numpy as np
+
+    acc, cols, sched, comp, drafts = np.asarray(raw, dtype=np.int64).T
+    running = comp + sched - drafts
+    aligned = (running + acc - 1) // block_size * block_size
+    dst = aligned // block_size - 1
+    crossed = aligned >= running
+    bias = aligned - running
+    copy = crossed & ~((cols == dst) & (bias == 0))
+    reset = crossed & (cols == dst)
+    return np.stack([copy.astype(np.int64), cols, dst, bias, reset.astype(np.int64)], -1)
 
 
 def decode_fused_postprocess(geoms: Sequence[StateGeometry], decisions: Sequence[Sequence[int]],
