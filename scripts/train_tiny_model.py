@@ -17,6 +17,13 @@ What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it
   python scripts/train_tiny_model.py --device cuda --base-steps 550 --out DIR   # how tiny-gui was made
   python scripts/train_tiny_model.py --eval-only --out data/models/tiny-gui
   python scripts/train_tiny_model.py --attention-layer 0 --out DIR   # the attention-first experiment
+  python scripts/train_tiny_model.py --value-words 7 --value-alphabet 4 --warmup-alphabet 4 \
+      --value-sens-prompts 20 --out DIR     # opt-in sequence values (statescope.guilang_seq)
+
+``--value-words N`` trains and evaluates on the sequence-value language (values of N-2..N words
+from ``--value-alphabet`` words; recorded in DIR/guilang_variant.json, which ``--eval-only`` and
+``statescope.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid.
+All new flags default to off: the default run writes the same model as before.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from pathlib import Path
 import torch
 
 from statescope import guilang
+from statescope import guilang_seq
 from statescope import tiny_data
 from statescope import tinymodel as tm
 
@@ -64,7 +72,8 @@ def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str, probe=None
 
 def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr: float,
           context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150,
-          attention_layer: int = 3) -> dict:
+          attention_layer: int = 3, variant: dict | None = None, warmup_alphabet: int = 0,
+          gdn_dt: float = 0.0) -> dict:
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.jsonl").open("w")
@@ -80,6 +89,11 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
     tok = tm.train_tokenizer(texts, vocab_size=1024)
     cfg = tm.model_config(tok, attention_layer)
     base = tm.new_base_model(cfg, seed).to(device)
+    if gdn_dt:  # opt-in: slow GDN decay at init (transformers' dt_bias=1 forgets ~99 % per token)
+        with torch.no_grad():
+            for layer in base.model.layers:
+                if hasattr(layer, "linear_attn"):
+                    layer.linear_attn.dt_bias.fill_(math.log(math.expm1(gdn_dt)))
     log({"phase": "setup", "vocab": tok.get_vocab_size(), "params": sum(p.numel() for p in base.parameters()),
          "threads": torch.get_num_threads(), "torch": torch.__version__})
     base.train()
@@ -88,12 +102,13 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
 
     def base_step(s: int) -> torch.Tensor:
         if s < warmup:
-            ids, w = tiny_data.copy_batch(s, seed, budget, n_text)
+            ids, w = tiny_data.copy_batch(s, seed, budget, n_text, alphabet=warmup_alphabet)
         else:
-            ids, w, _ = tiny_data.batch(tok, s - warmup, base_steps - warmup, seed, budget, context_weight)
+            ids, w, _ = tiny_data.batch(tok, s - warmup, base_steps - warmup, seed, budget, context_weight,
+                                        variant)
         return tm.base_loss(base, ids.to(device), w.to(device))
 
-    probe = (lambda: teacher_forced(base, tok, 12, device)) if probe_every else None
+    probe = (lambda: teacher_forced(base, tok, 12, device, variant)) if probe_every else None
     train_loop(list(base.parameters()), base_step, base_steps, lr, log, "base", probe)
     base_s = time.time() - t0
     base.eval()
@@ -106,7 +121,8 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
     mtp.layers[0].load_state_dict(base.model.layers[attn_idx].state_dict())
 
     def mtp_step(s: int) -> torch.Tensor:
-        ids, w, _ = tiny_data.batch(tok, 50_000 + s, 50_000 + mtp_steps, seed, budget, context_weight)
+        ids, w, _ = tiny_data.batch(tok, 50_000 + s, 50_000 + mtp_steps, seed, budget, context_weight,
+                                    variant)
         ids, w = ids.to(device), w.to(device)
         with torch.no_grad():
             hidden = base.model(input_ids=ids).last_hidden_state
@@ -118,16 +134,25 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
             f"lr={lr} context_weight={context_weight}")
     if attention_layer != 3:  # the default keeps the note (and the file) as before
         note += f" attention_layer={attention_layer}"
+    if variant:  # opt-in sequence values (guilang_seq)
+        note += " " + " ".join(f"{k}={v}" for k, v in variant.items())
+    if warmup_alphabet:
+        note += f" warmup_alphabet={warmup_alphabet}"
+    if gdn_dt:
+        note += f" gdn_dt={gdn_dt}"
     tm.save_model_dir(out, cfg, base.cpu(), mtp.cpu(), tok, note)
+    guilang_seq.write_variant(out, variant)
     log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
     log_file.close()
     return {"train_seconds": round(total_s, 1), "base_seconds": round(base_s, 1), "seed": seed,
             "base_steps": base_steps, "mtp_steps": mtp_steps, "tokens_per_batch": budget, "lr": lr,
             "context_weight": context_weight, "copy_warmup_steps": warmup, "attention_layer": attention_layer,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), **({"variant": variant, "warmup_alphabet": warmup_alphabet,
+                                                    "gdn_dt": gdn_dt}
+                                                   if variant or warmup_alphabet or gdn_dt else {})}
 
 
-def teacher_forced(base, tok, n_episodes: int, device: str = "cpu") -> dict:
+def teacher_forced(base, tok, n_episodes: int, device: str = "cpu", variant: dict | None = None) -> dict:
     """Fraction of held-out answers whose every token is the argmax given the gold prefix, by kind
     (a cheap training probe; the real metrics decode greedily)."""
     was = base.training
@@ -135,7 +160,7 @@ def teacher_forced(base, tok, n_episodes: int, device: str = "cpu") -> dict:
     by_kind: dict[str, list[int]] = {}
     with torch.no_grad():
         for e in range(n_episodes):
-            ep = guilang.generate_episode(EVAL_SEED0 + 5_000 + e, 3 + e % 10)
+            ep = guilang.generate_episode(EVAL_SEED0 + 5_000 + e, 3 + e % 10, **(variant or {}))
             ids, ans = tm.encode_episode(tok, ep)
             pred = base(input_ids=torch.tensor([ids], device=device)).logits[0].argmax(-1).cpu()
             runs, cur = [], []
@@ -192,8 +217,9 @@ def _acceptance(answer_pos: list[int], ids: list[int], l1: torch.Tensor, l2: tor
     return drafted, accepted
 
 
-def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> dict:
+def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60, value_prompts: int = 0) -> dict:
     base, mtp, tok, cfg = tm.load_model_dir(model_dir, torch.float32)
+    variant = guilang_seq.read_variant(model_dir)
     eos = cfg["eos_token_id"]
     valid = correct = steps = 0
     margins: list[float] = []
@@ -202,7 +228,7 @@ def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> di
     prompts: list[tuple[list[int], list[int]]] = []  # (prompt ids, gold answer ids) for sensitivity
     with torch.no_grad():
         for e in range(n_episodes):
-            ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10)
+            ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10, **variant)
             ids, ans = tm.encode_episode(tok, ep)
             x = torch.tensor([ids])
             hidden = base.model(input_ids=x).last_hidden_state
@@ -237,6 +263,9 @@ def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60) -> di
                 drafted, accepted = drafted + d, accepted + a
                 prompts.append((ids[:span[0]], [ids[p] for p in span]))
     sens = sensitivity(base, prompts, eos, sens_trials, tok.token_to_id("="))
+    if value_prompts:  # opt-in: damage GDN state inside a sequence value (guilang_seq)
+        with torch.no_grad():
+            sens.update(guilang_seq.value_sensitivity(base, prompts, eos, tok.token_to_id('="'), value_prompts))
     return {"eval_episodes": n_episodes, "eval_steps": steps, "validity": valid / steps,
             "correctness": correct / steps,
             "correct_by_kind": {k: f"{c}/{n}" for k, (c, n) in sorted(by_kind.items())},
@@ -310,6 +339,16 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="log teacher-forced accuracy every 100 steps")
     ap.add_argument("--eval-episodes", type=int, default=60)
     ap.add_argument("--sens-trials", type=int, default=60)
+    ap.add_argument("--value-words", type=int, default=0,
+                    help="opt-in: sequence values of N-2..N words (guilang_seq); 0 = the default language")
+    ap.add_argument("--value-alphabet", type=int, default=4, help="words the sequence values draw from")
+    ap.add_argument("--value-runs", type=int, default=0, help="opt-in: sequence values as this many runs")
+    ap.add_argument("--warmup-alphabet", type=int, default=0,
+                    help="opt-in: every other copy warm-up row over this many random tokens")
+    ap.add_argument("--gdn-dt", type=float, default=0.0,
+                    help="opt-in: init every GDN dt_bias to softplus^-1(X) (slow decay, e.g. 0.01)")
+    ap.add_argument("--value-sens-prompts", type=int, default=0,
+                    help="opt-in: prompts of the mid-value sensitivity grid (sequence-value models)")
     ap.add_argument("--eval-only", action="store_true")
     ap.add_argument("--no-eval", action="store_true")
     args = ap.parse_args()
@@ -322,12 +361,14 @@ def main() -> None:
     if not args.eval_only:
         metrics = {"training": train(args.out, args.seed, args.base_steps, args.mtp_steps, args.tokens,
                                      args.lr, args.context_weight, args.device, args.probe,
-                                     args.copy_warmup, args.attention_layer)}
+                                     args.copy_warmup, args.attention_layer,
+                                     guilang_seq.variant(args.value_words, args.value_alphabet, args.value_runs),
+                                     args.warmup_alphabet, args.gdn_dt)}
         metrics_file.write_text(json.dumps(metrics, indent=1))
     if args.no_eval:
         return
     t = time.time()
-    metrics["eval"] = evaluate(args.out, args.eval_episodes, args.sens_trials)
+    metrics["eval"] = evaluate(args.out, args.eval_episodes, args.sens_trials, args.value_sens_prompts)
     metrics["eval"]["eval_seconds"] = round(time.time() - t, 1)
     metrics_file.write_text(json.dumps(metrics, indent=1))
     print(json.dumps(metrics, indent=1))

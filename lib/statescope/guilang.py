@@ -41,6 +41,9 @@ VALUES = ["kiwi", "oslo", "lima", "rome", "paris", "tokyo", "delta", "echo", "ta
           "bravo", "lemon", "mango", "peach", "plum", "olive", "amber", "coral", "ivory", "jade",
           "ruby", "pearl", "maple", "cedar", "birch", "river", "stone", "cloud", "storm", "frost",
           "tiger", "panda", "eagle", "otter", "zebra", "koala", "piano", "violin", "drum", "flute"]
+# Opt-in sequence values (``value_words``): labels that are one token both after ``="`` and after a
+# space, so a value of W words is W tokens (the conv window, kernel 4, then spans 4 words).
+SEQ_WORDS = ["Pet", "Car", "Day", "Job", "Song", "Food", "Team", "Game"]
 SUBMIT_BUTTONS = ["Save", "Submit", "Send", "Apply", "Confirm"]
 OTHER_BUTTONS = ["Cancel", "Reset", "Help", "Back"]
 DIALOGS = ["Tip", "Cookies", "Update", "Survey", "News"]
@@ -117,10 +120,20 @@ def _plan(rng: random.Random, n_steps: int) -> tuple[int, list[list[int]]]:
     return dialog, views
 
 
-def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episode:
-    """A deterministic episode with exactly ``n_steps`` steps (3 <= n_steps <= max_fields + 6)."""
+def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8, value_words: int = 0,
+                     value_alphabet: int = 4, value_runs: int = 0) -> Episode:
+    """A deterministic episode with exactly ``n_steps`` steps (3 <= n_steps <= max_fields + 6).
+
+    ``value_words`` > 0 (opt-in, see ``guilang_seq``): the text value is a sequence of
+    ``value_words - 2`` .. ``value_words`` words drawn with repeats from the first
+    ``value_alphabet`` of ``SEQ_WORDS`` (which are then not used as field labels). 0 (default):
+    one word of ``VALUES``, the episode exactly as before. ``value_runs`` > 0: the words come in
+    that many runs of one word each (consecutive runs differ), e.g. ``Pet Pet Pet Pet Car Car``."""
     if not 3 <= n_steps <= max_fields + 6:
         raise ValueError(f"n_steps={n_steps}: expected 3..{max_fields + 6}")
+    if value_words and not (3 <= value_words and 2 <= value_alphabet <= len(SEQ_WORDS)):
+        raise ValueError(f"value_words={value_words}, value_alphabet={value_alphabet}: expected "
+                         f">= 3 words of 2..{len(SEQ_WORDS)}")
     rng = random.Random(seed * 1_000_003 + n_steps)
     while True:
         dialog, views = _plan(rng, n_steps)
@@ -128,8 +141,13 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
             break
     n_fields = sum(map(sum, views))
     app, form = rng.choice(APPS), rng.choice(FORMS)
-    labels = rng.sample(LABELS, n_fields)
+    labels = rng.sample([lab for lab in LABELS if lab not in SEQ_WORDS] if value_words else LABELS,
+                        n_fields)
     values = [rng.choice(VALUES) for _ in labels]
+    if value_words:
+        n_words = rng.randint(value_words - 2, value_words)
+        values[0] = " ".join(rng.choice(SEQ_WORDS[:value_alphabet]) for _ in range(n_words)) \
+            if not value_runs else _runs(rng, n_words, value_runs, SEQ_WORDS[:value_alphabet])
     # One text value for every field, written in the goal exactly as an answer writes it
     # (text="..."): recalling it is a clean copy from the first user turn, however far back.
     values = [values[0]] * n_fields
@@ -210,6 +228,17 @@ def generate_episode(seed: int, n_steps: int = 6, max_fields: int = 8) -> Episod
     emit(f"{app} - {form} submitted", thanks, False, "done()", "done")
     assert len(steps) == n_steps, (len(steps), n_steps)
     return Episode(seed, app, form, goal, fields, submit, tuple(steps))
+
+
+def _runs(rng: random.Random, n_words: int, n_runs: int, words: list[str]) -> str:
+    """``n_words`` words in ``n_runs`` runs (each >= 1 word) of one word, consecutive runs differ."""
+    cuts = sorted(rng.sample(range(1, n_words), n_runs - 1))
+    lengths = [b - a for a, b in zip([0] + cuts, cuts + [n_words])]
+    seq, prev = [], None
+    for n in lengths:
+        prev = rng.choice([w for w in words if w != prev])
+        seq += [prev] * n
+    return " ".join(seq)
 
 
 def _focus(widgets: list[Widget], submit: str) -> Widget | None:

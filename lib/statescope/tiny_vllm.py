@@ -15,6 +15,9 @@ differently.
     python -m statescope.tiny_vllm --episodes 10 --fault-episodes 10 --prefix-episodes 10 \
         --out data/models/tiny-gui/vllm_metrics.json
 
+A sequence-value model (``guilang_seq``: ``guilang_variant.json`` in the model dir) is measured on
+its own language; ``--fault-at-token`` moves the planted fault (e.g. 10 = after 2 value words).
+
 What it deliberately does not do: train, compare against PyTorch (``scripts/train_tiny_model.py``
 does that), capture states, or run outside an in-process engine (the prefix variant reaches the
 scheduler and the runner's tensors directly).
@@ -28,16 +31,19 @@ import time
 from pathlib import Path
 
 from statescope import guilang
+from statescope import guilang_seq
 
 EVAL_SEED0 = 10_000_000  # held-out episodes (training seeds are < 1e6), as the training script
 NEAR_TIE = 0.1
 
 
-def step_prompts(episodes: int, seed0: int = EVAL_SEED0) -> list[tuple[str, guilang.Step]]:
-    """(prompt, step) for every step of held-out episodes seed0.. (3-12 steps each)."""
+def step_prompts(episodes: int, seed0: int = EVAL_SEED0,
+                 variant: dict | None = None) -> list[tuple[str, guilang.Step]]:
+    """(prompt, step) for every step of held-out episodes seed0.. (3-12 steps each); ``variant``:
+    extra ``generate_episode`` arguments (a sequence-value model's ``guilang_seq.read_variant``)."""
     out = []
     for e in range(episodes):
-        ep = guilang.generate_episode(seed0 + e, 3 + e % 10)
+        ep = guilang.generate_episode(seed0 + e, 3 + e % 10, **(variant or {}))
         out += [(guilang.render_prompt(ep, s.index), s) for s in ep.steps]
     return out
 
@@ -49,7 +55,7 @@ def measure(model_dir: str | Path, episodes: int = 10, config=None, max_tokens: 
     engine, the spec-decode counters are the difference over these requests."""
     from statescope.engine import EngineConfig, OfflineEngine
 
-    pairs = step_prompts(episodes)
+    pairs = step_prompts(episodes, variant=guilang_seq.read_variant(model_dir))
     t0 = time.perf_counter()
     with contextlib.nullcontext(engine) if engine is not None else \
             OfflineEngine(config or EngineConfig(model=str(model_dir))) as eng:
@@ -94,7 +100,8 @@ def measure(model_dir: str | Path, episodes: int = 10, config=None, max_tokens: 
 
 def fault_sensitivity(engine, episodes: int = 3, at_output_token: int = 3,
                       kinds: tuple[str, ...] = ("zero_conv", "zero_ssm"),
-                      layer_sets: tuple = (None, [0], [1], [2]), max_tokens: int = 24) -> dict:
+                      layer_sets: tuple = (None, [0], [1], [2]), max_tokens: int = 24,
+                      variant: dict | None = None) -> dict:
     """How often zeroing GDN state mid-answer changes the rest of the answer, inside vLLM.
 
     Runs the held-out step prompts clean, then once per (kind, GDN layer set) with a planted
@@ -107,7 +114,7 @@ def fault_sensitivity(engine, episodes: int = 3, at_output_token: int = 3,
     state must change every answer; under MTP the ``nan_ssm`` one does not, see ``main``)."""
     from statescope.faults import FaultSpec, install_fault
 
-    prompts = [p for p, _ in step_prompts(episodes)]
+    prompts = [p for p, _ in step_prompts(episodes, variant=variant)]
     clean = [r.output_token_ids for r in engine.generate(prompts, max_tokens=max_tokens, logprobs=0)]
     out: dict[str, dict] = {}
     try:
@@ -174,7 +181,8 @@ def _edit_state(engine, layer: int, part: int, block: int, source: int | None, n
 
 
 def prefix_cache_sensitivity(engine, episodes: int = 6, modes: tuple[str, ...] = PREFIX_MODES,
-                             min_blocks: int = 3, later: int = 3, max_tokens: int = 24) -> dict:
+                             min_blocks: int = 3, later: int = 3, max_tokens: int = 24,
+                             variant: dict | None = None) -> dict:
     """How often a perturbed *cached* GDN state at a block boundary changes later requests' answers.
 
     Per held-out episode: request A is the first step whose prompt spans >= ``min_blocks`` blocks;
@@ -197,7 +205,7 @@ def prefix_cache_sensitivity(engine, episodes: int = 6, modes: tuple[str, ...] =
         raise InputError(f"prefix_cache_sensitivity: modes {bad}: expected zero_/swap_/nan_ + conv/ssm")
     pairs = []
     for e in range(episodes):
-        ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10)
+        ep = guilang.generate_episode(EVAL_SEED0 + e, 3 + e % 10, **(variant or {}))
         prompts = [guilang.render_prompt(ep, s.index) for s in ep.steps]
         pairs.append(prompts)
     bs = engine.resolved()["mamba_block_size"]
@@ -264,19 +272,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--fault-episodes", type=int, default=3,
                     help="held-out episodes for the planted-fault sensitivity (0: skip)")
+    ap.add_argument("--fault-at-token", type=int, default=3,
+                    help="output tokens before the planted fault acts (sequence values: ~10 = mid-value)")
     ap.add_argument("--prefix-episodes", type=int, default=0,
                     help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
     args = ap.parse_args()
     from statescope.engine import EngineConfig, OfflineEngine
 
+    var = guilang_seq.read_variant(args.model)  # {} for the default language
+    at = args.fault_at_token
     with OfflineEngine(EngineConfig(model=str(args.model))) as eng:
         res = measure(args.model, args.episodes, engine=eng)
         if args.fault_episodes:
             res["fault_sensitivity"] = {
-                "at_output_token": 3, "episodes": args.fault_episodes,
-                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, kinds=FAULT_KINDS)}
+                "at_output_token": at, "episodes": args.fault_episodes,
+                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, at_output_token=at,
+                                             kinds=FAULT_KINDS, variant=var)}
         if args.prefix_episodes:
-            res["prefix_cache_sensitivity"] = prefix_cache_sensitivity(eng, episodes=args.prefix_episodes)
+            res["prefix_cache_sensitivity"] = prefix_cache_sensitivity(eng, episodes=args.prefix_episodes,
+                                                                       variant=var)
     if args.fault_episodes:
         # Under MTP the GDN kernel reads the recurrent state from one of num_spec+1 blocks chosen by
         # the accepted count, and the planted ssm faults write only the running block: they do not
@@ -284,8 +298,9 @@ def main() -> None:
         no_mtp = EngineConfig(model=str(args.model), speculative_method=None, num_speculative_tokens=0)
         with OfflineEngine(no_mtp) as eng:
             res["fault_sensitivity_no_mtp"] = {
-                "at_output_token": 3, "episodes": args.fault_episodes,
-                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, kinds=FAULT_KINDS)}
+                "at_output_token": at, "episodes": args.fault_episodes,
+                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, at_output_token=at,
+                                             kinds=FAULT_KINDS, variant=var)}
     text = json.dumps(res, indent=1)
     if args.out:
         args.out.write_text(text)
