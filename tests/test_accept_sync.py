@@ -24,7 +24,8 @@ def _runner(async_on: bool = True, mode: str = "align") -> SimpleNamespace:
     log: list = []
     return SimpleNamespace(use_async_scheduling=async_on, cache_config=SimpleNamespace(mamba_cache_mode=mode),
                            num_accepted_tokens_event=_Event(log), log=log,
-                           input_batch=SimpleNamespace(num_accepted_tokens_cpu=np.array([3, 2, 1, 1])))
+                           input_batch=SimpleNamespace(num_accepted_tokens_cpu=np.array([3, 2, 1, 1]),
+                                                       prev_req_id_to_index={"a": 0, "b": 1, "c": 2}))
 
 
 def _reorder(runner: SimpleNamespace, _scheduler_output: object) -> str:
@@ -52,6 +53,19 @@ def test_no_change_where_nothing_races(async_on, mode):
     accept_sync.ordered_update_states(_reorder)(r, None)
     assert r.log == ["original ran"]  # no wait, and vLLM's own moves stand
     assert r.input_batch.num_accepted_tokens_cpu.tolist() == [1, 2, 3, 1]
+
+
+def test_no_restore_when_no_previous_request_is_left():
+    """vLLM then reads the array as it stands (new order; new requests at 1): a restore would hand
+    a new request a finished request's count."""
+    r = _runner()
+
+    def new_wave(runner, so):
+        runner.input_batch.prev_req_id_to_index = {}  # every previous request finished
+        runner.input_batch.num_accepted_tokens_cpu[:] = 1  # add_request: new rows start at 1
+    accept_sync.ordered_update_states(new_wave)(r, None)
+    assert r.log == ["event waited"]
+    assert r.input_batch.num_accepted_tokens_cpu.tolist() == [1, 1, 1, 1]
 
 
 def test_counts_restored_even_when_the_original_raises():

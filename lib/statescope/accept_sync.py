@@ -19,7 +19,9 @@ uses async scheduling and the align cache mode (the only place the remap runs on
 wrapper waits for the accepted-count event first, keeps a copy of the host array, calls the
 original, and puts the copy back — so ``_prepare_inputs`` always remaps values that are in the
 previous step's order, whichever way the copy raced. New requests' rows are set to 1 by the remap
-itself. ``uninstall_accept_sync()`` restores the original; both are idempotent.
+itself. When no previous request is left in the batch (``prev_req_id_to_index`` empty: vLLM then
+reads the array directly, new order, new rows at 1), the array is left as the original made it.
+``uninstall_accept_sync()`` restores the original; both are idempotent.
 
 What it deliberately does not do: touch runners without async scheduling (nothing races there),
 the non-align modes (vLLM skips the host counts under async there), or hide its cost: it waits
@@ -51,12 +53,16 @@ def ordered_update_states(original: Any) -> Any:
         if not _applies(self):
             return original(self, scheduler_output)
         self.num_accepted_tokens_event.synchronize()  # the previous step's copy has landed
-        counts = self.input_batch.num_accepted_tokens_cpu
-        previous_order = counts.copy()
+        batch = self.input_batch
+        previous_order = batch.num_accepted_tokens_cpu.copy()
         try:
             return original(self, scheduler_output)
         finally:
-            counts[:] = previous_order  # the row moves must not reach these values; the remap does
+            # Only where _prepare_inputs will remap from the previous order (some previous request
+            # is still in the batch): there the row moves must not reach these values. Otherwise
+            # it reads the array as it is, in the new order (new requests set to 1): leave it.
+            if getattr(batch, "prev_req_id_to_index", None):
+                batch.num_accepted_tokens_cpu[:] = previous_order
     wrapper.statescope_patch = "accept_sync"
     return wrapper
 
