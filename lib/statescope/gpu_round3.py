@@ -96,18 +96,15 @@ def factor_table(r3: Path = R3_DIR) -> list[dict]:
     return out
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise InputError(f"{path}: missing")
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def digest_bench(d: Path = R3_DIR) -> list[dict]:
     """Per step: the torch gather path vs the one-launch Triton digest (host and device ms)."""
     keep = ("layers", "requests", "layout", "bytes_per_step", "checksums_equal", "conv_row_checks_equal",
             "stats_max_rel_diff", "torch_host_ms", "torch_device_ms", "triton_host_ms", "triton_device_ms",
             "triton_GBps")
-    return [{k: r[k] for k in keep} for r in _jsonl(Path(d) / "bench_digest_gpu.jsonl")]
+    path = Path(d) / "bench_digest_gpu.jsonl"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by benchmarks/bench_digest_gpu.py)")
+    return [{k: r[k] for k in keep} for r in gr._jsonl(path)]
 
 
 def triton_overheads(d: Path = R3_DIR) -> list[dict]:
