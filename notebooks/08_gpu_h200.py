@@ -28,8 +28,9 @@
 # the trigger compiled (torch.compile + CUDA graphs) with capture, its three controls and the
 # race-susceptible variant's four arms eager, the trigger again with capture off, and the capture
 # overhead on two random-weight hybrids. Round 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
-# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. What
-# did not run says **not run**.
+# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. Round 4
+# (`data/results/gpu/e2e_round4/`, ~08:12 UTC): the trigger again, with and without the `accept_sync`
+# patch (section 0b). What did not run says **not run**.
 
 # %%
 import pandas as pd
@@ -55,6 +56,29 @@ pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
 
 # %%
 pd.DataFrame(r3.departures())
+
+# %% [markdown]
+# ## 0b · Round 4: the accept_sync patch removes all of it
+#
+# Round 3's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
+# runtime patch `accept_sync` (the host accepted counts keep the previous step's row order until
+# vLLM remaps them; `statescope.accept_sync`). Each is judged against round 3's controls
+# (`statescope.gpu_round4`).
+
+# %%
+from statescope import gpu_round4 as r4
+pd.DataFrame(r4.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
+                                   "trigger_units", "control_failed", "fisher_p"]]
+
+# %% [markdown]
+# Unpatched, the trigger departs on exactly round 3's 17 requests (the race is deterministic on an
+# unchanged load); patched, on none — with the cache hit and the drafts accepted as often.
+
+# %%
+pd.DataFrame(r4.patch_table()).drop_duplicates("trigger")
+
+# %%
+r4.patched_vs_unpatched()
 
 # %% [markdown]
 # **Which factors.** Every tiny-gui configuration run on the H200, against round 2's eager async-off

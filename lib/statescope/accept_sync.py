@@ -21,7 +21,10 @@ original, and puts the copy back — so ``_prepare_inputs`` always remaps values
 previous step's order, whichever way the copy raced. New requests' rows are set to 1 by the remap
 itself. When no previous request is left in the batch (``prev_req_id_to_index`` empty: vLLM then
 reads the array directly, new order, new rows at 1), the array is left as the original made it.
-``uninstall_accept_sync()`` restores the original; both are idempotent.
+``uninstall_accept_sync()`` restores the original; both are idempotent. Measured on the H200 with
+vLLM 0.26.0 (``data/results/gpu/e2e_round4/``, ``statescope.gpu_round4``): the eager trigger departs
+on 17 of 576 requests (11/96 episodes) unpatched and on 0 with this patch, the cache and drafts
+engaged alike.
 
 What it deliberately does not do: touch runners without async scheduling (nothing races there),
 the non-align modes (vLLM skips the host counts under async there), or hide its cost: it waits

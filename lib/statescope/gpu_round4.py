@@ -1,0 +1,104 @@
+"""Read round 4 of the GPU results (``data/results/gpu/e2e_round4/``): does the H-accept patch remove
+the corruption round 3 detected?
+
+Round 4 ran round 3's eager trigger twice at once on the H200 — unpatched, and with the statescope
+runtime patch ``accept_sync`` (``statescope.accept_sync``) — on the same 576 requests. The controls
+are round 3's (async off, prefix caching off, MTP off). ``patch_verdicts`` recomputes each trigger
+against each control with the verdict machinery of every other round (``gpu_e2e.verdict_rows``);
+``patch_table`` counts, per arm, the requests and episodes whose output differs from each control
+and whether the departed set is round 3's; ``patched_vs_unpatched`` is the one-sided Fisher test of
+the two triggers against each other (episode unit), with both arms' engagement counters.
+
+What it deliberately does not do: claim the patch is upstream's fix (it is a statescope runtime
+wrapper; docs/gpu.md says what it changes and what it costs), or re-run anything.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from statescope import gpu_results as gr
+from statescope.errors import InputError
+from statescope.gpu_round3 import R3_DIR
+
+R4_DIR = gr.E2E_DIR.parent / "e2e_round4"
+ARMS = {"unpatched": "tiny-gui", "accept_sync": "tiny-gui-accept-sync"}  # name -> records label
+
+
+def _arm(d: Path, label: str) -> tuple[dict, list[dict]]:
+    metas = [m for m in gr.arms(d) if m.get("label") == label]
+    if len(metas) != 1:
+        raise InputError(f"{d}: expected one arm meta labelled {label!r} in arms_*.jsonl, found {len(metas)}")
+    recs = gr.records(label, d)
+    if not recs:
+        raise InputError(f"{d}: records_{label}.jsonl is missing or empty")
+    return metas[0], recs
+
+
+def _controls(r3: Path) -> tuple[list[dict], list[dict]]:
+    metas = [m for m in gr.arms(r3) if m.get("label") == "tiny-gui" and m["arm"] != "trigger"]
+    keys = {(m["arm"], m["key"]) for m in metas}
+    recs = [r for r in gr.records("tiny-gui", r3) if (r["build"], r["config_hash"]) in keys]
+    return metas, recs
+
+
+def patch_verdicts(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
+    """Each round-4 trigger (unpatched, accept_sync) vs each of round 3's one-factor controls."""
+    from statescope.gpu_e2e import verdict_rows
+
+    cmetas, crecs = _controls(r3)
+    out = []
+    for name, label in ARMS.items():
+        meta, recs = _arm(d, label)
+        for row in verdict_rows([meta] + cmetas, recs + crecs, label=label):
+            out.append(dict(row, trigger_build=name, patches=meta.get("patches", [])))
+    return out
+
+
+def _departed(recs: list[dict], ctl: dict) -> set:
+    return {(r["episode"], r["step"]) for r in recs
+            if (r["episode"], r["step"]) in ctl
+            and r["output_token_ids"] != ctl[(r["episode"], r["step"])]["output_token_ids"]}
+
+
+def patch_table(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
+    """Per arm and control: requests/episodes whose output tokens differ, and whether the departed
+    requests are exactly round 3's trigger's (the race is deterministic on an unchanged load)."""
+    from statescope.gpu_round3 import departures
+
+    r3_set = {(x["episode"], x["step"]) for x in departures(r3)}
+    cmetas, crecs = _controls(r3)
+    rows = []
+    for name, label in ARMS.items():
+        meta, recs = _arm(d, label)
+        for cm in cmetas:
+            ctl = {(r["episode"], r["step"]): r for r in crecs
+                   if r["build"] == cm["arm"] and r["config_hash"] == cm["key"]}
+            diff = _departed(recs, ctl)
+            m = meta["metrics"]
+            rows.append({"trigger": name, "control": cm["arm"], "requests": len(recs),
+                         "differ": len(diff), "episodes_differ": len({e for e, _ in diff}),
+                         "same_as_round3": diff == r3_set,
+                         "prefix_cache_hit_rate": round(m["prefix_cache_hit_rate"], 4),
+                         "spec_acceptance_rate": round(m["spec_acceptance_rate"], 4),
+                         "workload_s": round(meta["workload_s"], 2)})
+    return rows
+
+
+def patched_vs_unpatched(d: Path = R4_DIR, r3: Path = R3_DIR) -> dict:
+    """One-sided Fisher, unpatched trigger's failed episodes vs the patched one's, where an episode
+    fails when any of its requests differs from round 3's async-off control."""
+    from statescope.stats import fisher_exact_one_sided
+
+    cmetas, crecs = _controls(r3)
+    cm = next(m for m in cmetas if m["arm"] == "no_async")
+    ctl = {(r["episode"], r["step"]): r for r in crecs
+           if r["build"] == cm["arm"] and r["config_hash"] == cm["key"]}
+    counts = {}
+    for name, label in ARMS.items():
+        _, recs = _arm(d, label)
+        episodes = {r["episode"] for r in recs}
+        counts[name] = (len({e for e, _ in _departed(recs, ctl)}), len(episodes))
+    (k1, n1), (k2, n2) = counts["unpatched"], counts["accept_sync"]
+    return {"unpatched_failed_episodes": k1, "unpatched_episodes": n1,
+            "patched_failed_episodes": k2, "patched_episodes": n2,
+            "fisher_p_one_sided": fisher_exact_one_sided(k1, n1, k2, n2)}

@@ -1,0 +1,69 @@
+"""Round 4 of the GPU results (``data/results/gpu/e2e_round4/``) re-derived from its committed files:
+the accept_sync patch removes what round 3 detected, with the cache and the drafts still engaged.
+No GPU or vLLM is needed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from statescope import gpu_round4
+from statescope.errors import InputError
+from statescope.stats import CORRUPTION_DETECTED, NO_EVIDENCE
+
+R4 = gpu_round4.R4_DIR
+
+
+def test_manifest_names_the_build_and_every_call():
+    m = json.loads((R4 / "manifest.json").read_text())
+    assert m["vllm"] == "0.26.0" and m["gpu"] == "NVIDIA H200" and m["round"] == 4
+    assert any("accept_sync" in c for c in m["commands"])
+
+
+def test_verdicts_recomputed_equal_committed():
+    assert gpu_round4.patch_verdicts() == json.loads((R4 / "verdicts.json").read_text())
+
+
+def test_unpatched_detects_and_patched_is_clean_with_guards_engaged():
+    rows = gpu_round4.patch_verdicts()
+    assert len(rows) == 6
+    for r in rows:
+        assert r["trigger_units"] == r["control_units"] == 96
+        assert all(r["guards"].values()), r["guard_details"]  # cache hit, drafts accepted, ...
+        if r["trigger_build"] == "unpatched":
+            assert r["outcome"] == CORRUPTION_DETECTED and r["patches"] == []
+        else:
+            assert r["outcome"] == NO_EVIDENCE and r["patches"] == ["accept_sync"]
+            assert r["trigger_failed"] == 0
+
+
+def test_unpatched_departs_on_round3s_requests_and_patched_on_none():
+    rows = gpu_round4.patch_table()
+    for r in rows:
+        if r["trigger"] == "unpatched":
+            assert r["differ"] > 0 and r["same_as_round3"]  # deterministic under the same load
+        else:
+            assert r["differ"] == 0
+        assert r["prefix_cache_hit_rate"] > 0.5 and r["spec_acceptance_rate"] > 0.5
+
+
+def test_patched_vs_unpatched_fisher():
+    res = gpu_round4.patched_vs_unpatched()
+    assert res["patched_failed_episodes"] == 0 < res["unpatched_failed_episodes"]
+    assert res["fisher_p_one_sided"] < 0.01
+
+
+def test_missing_arm_is_one_clear_error(tmp_path):
+    (tmp_path / "arms_J.jsonl").write_text("")
+    with pytest.raises(InputError, match="tiny-gui"):
+        gpu_round4.patch_table(tmp_path)
+
+
+def test_cli_reports_round4_with_the_patch_section(capsys):
+    from statescope.cli import main
+
+    assert main(["gpu-results", str(R4), "--json"]) == 1  # the unpatched trigger: corruption detected
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["patch"]["patched_vs_unpatched"]["patched_failed_episodes"] == 0
+    builds = {(r["trigger_build"], r["outcome"]) for r in rep["verdicts"]}
+    assert ("accept_sync", NO_EVIDENCE) in builds and ("unpatched", CORRUPTION_DETECTED) in builds
