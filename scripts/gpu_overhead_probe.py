@@ -39,7 +39,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-MODES = ("off", "hooks", "digest")
+MODES = ("off", "hooks", "digest", "digest_eager", "digest_bg")
+# digest: the defaults (CUDA-graph digest, rows made when the engine idles); digest_eager: the
+# digest launched eagerly (STATESCOPE_DIGEST_GRAPH=0), as round 3 measured it; digest_bg: rows made
+# by the flusher thread while the engine steps (emit "background"), as round 3 did.
 
 
 def spec_for(mode: str, run_id: str) -> dict:
@@ -47,6 +50,8 @@ def spec_for(mode: str, run_id: str) -> dict:
             "mode": "digest"}
     if mode == "hooks":  # a request id no offline request has: hooks run, nothing is selected
         spec["requests"] = {"ids": ["no-such-request"]}
+    if mode == "digest_bg":
+        spec["emit"] = "background"
     return spec
 
 
@@ -54,7 +59,10 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
     from statescope import capture
     import bench_capture
 
+    from statescope.digest_graph import ENV_GRAPH
+
     clock = None
+    os.environ[ENV_GRAPH] = "0" if mode == "digest_eager" else "1"  # read when the run starts
     if mode != "off":
         rec = capture.install(spec_for(mode, run_id))
         clock = bench_capture.CaptureClock()
@@ -66,7 +74,9 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
     dt = time.perf_counter() - t0
     row = {"mode": mode, "seconds": dt, "tokens": sum(len(r.output_token_ids) for r in recs)}
     if mode != "off":
-        dirs = capture.uninstall()
+        t1 = time.perf_counter()
+        dirs = capture.uninstall()  # with emit "idle" the rows are made here, after the timed work
+        row["close_s"] = time.perf_counter() - t1
         row["capture_host_s"] = clock.seconds
         row["by_name_ms"] = {k: round(v * 1e3, 2) for k, v in sorted(clock.by_name.items())}
         if dirs:
@@ -74,11 +84,13 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
 
             man = CaptureRun(dirs[-1]).manifest
             row["engine_steps"], row["digest_kernel"] = man.get("engine_steps"), man.get("digest_kernel")
+            row.update(digest_graph=man.get("digest_graph"), emit=man.get("emit"),
+                       emit_ms_total=man.get("emit_ms_total"), run_dir=str(dirs[-1]))
     return row
 
 
-def summarize(rows: list[dict]) -> dict:
-    by = {m: [r for r in rows if r["mode"] == m] for m in MODES}
+def summarize(rows: list[dict], modes: tuple = MODES) -> dict:
+    by = {m: [r for r in rows if r["mode"] == m] for m in modes}
     off = [r["tokens"] / r["seconds"] for r in by["off"]]
     out = {}
     for m, rs in by.items():
@@ -87,6 +99,12 @@ def summarize(rows: list[dict]) -> dict:
         out[m] = {"median_tok_s": statistics.median(rates), "ratio_median": statistics.median(rates) / statistics.median(off),
                   "ratio_best": max(rates) / max(off), "paired_ratio_median": statistics.median(paired),
                   "paired_ratios": [round(x, 4) for x in paired]}
+        closes = [r["close_s"] for r in rs if r.get("close_s") is not None]
+        if closes:
+            out[m]["close_s_median"] = statistics.median(closes)
+            out[m]["emit_ms_per_step"] = statistics.median(
+                (r.get("emit_ms_total") or 0) / r["engine_steps"] for r in rs if r.get("engine_steps"))
+            out[m]["digest_graph"] = sorted({str(r.get("digest_graph")) for r in rs})
         steps = [r.get("engine_steps") for r in rs if r.get("engine_steps")]
         if steps:
             out[m]["capture_host_ms_per_step"] = statistics.median(
@@ -153,8 +171,23 @@ def sync_round(runner, prompts: list, max_tokens: int) -> dict:
     return {"statescope_sync_sites": hits, "stacks": stacks}
 
 
+def same_digests(rows: list[dict]) -> dict | None:
+    """The last digest round (graph) vs the last digest_eager round: checksums per (prompt, request
+    step, layer, kind) — the graph replay must see exactly what the eager launches see."""
+    from statescope.capture_store import CaptureRun
+
+    last = {r["mode"]: r["run_dir"] for r in rows if r.get("run_dir")}
+    if not {"digest", "digest_eager"} <= set(last):
+        return None
+    key = ["prompt_sha", "req_step", "layer", "kind", "column_offset"]
+    a, b = (CaptureRun(last[m]).digests().set_index(key)["checksum"] for m in ("digest", "digest_eager"))
+    both = a.to_frame("graph").join(b.to_frame("eager"), how="inner")
+    return {"rows_graph": len(a), "rows_eager": len(b), "rows_compared": len(both),
+            "identical": int((both["graph"] == both["eager"]).sum())}
+
+
 def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: float,
-               cpu: bool = False) -> dict:
+               cpu: bool = False, modes: tuple = MODES) -> dict:
     import gpu_e2e as script
     from statescope import gpu_e2e
 
@@ -163,16 +196,17 @@ def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: fl
         vocab = runner.engine.llm.get_tokenizer().vocab_size
         bs = int(res["resolved"].get("mamba_block_size") or res["resolved"].get("block_size"))
         prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
-        for mode in MODES:  # warm-up round per mode (Triton compile, pinned pools)
+        for mode in modes:  # warm-up round per mode (Triton compile, pinned pools, graphs)
             timed_round(runner, prompts, mode, f"warm-{mode}", max_tokens)
         rows = []
         for r in range(rounds):
             if time.time() > deadline - 60:
                 res["stopped_early_after_rounds"] = r
                 break
-            for mode in MODES:
+            for mode in modes:
                 rows.append(dict(timed_round(runner, prompts, mode, f"{mode}{r}", max_tokens), round=r))
-        res.update(rows=rows, summary=summarize(rows), prompts=len(prompts), max_tokens=max_tokens)
+        res.update(rows=rows, summary=summarize(rows, modes), prompts=len(prompts), max_tokens=max_tokens,
+                   graph_vs_eager=same_digests(rows))
         if time.time() < deadline - 40:
             res["profile"] = profile_round(runner, prompts, max_tokens)
         if time.time() < deadline - 30 and not cpu:  # sync debug mode is CUDA's
@@ -191,13 +225,17 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--budget-s", type=float, default=540)
     p.add_argument("--cpu", action="store_true", help="shake-out on the CPU build (a 4-layer hybrid)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {MODES} (off first)")
     a = p.parse_args()
+    modes = tuple(a.modes.split(","))
+    if modes[0] != "off" or not set(modes) <= set(MODES):
+        p.error(f"--modes: expected 'off' first, then any of {MODES}")
     import gpu_e2e as script
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + a.budget_s
-    results = {"env": {k: os.environ.get(k) for k in ("STATESCOPE_DIGEST_TRITON",)}}
+    results = {"env": {k: os.environ.get(k) for k in ("STATESCOPE_DIGEST_TRITON",)}, "modes": list(modes)}
     for name in a.sizes.split(","):
         if time.time() > deadline - 150:
             results[name] = {"skipped": "device time"}
@@ -205,7 +243,7 @@ def main() -> int:
         t0 = time.time()
         try:
             results[name] = probe_size(name, script.LARGE_SIZES[name], a.rounds, a.max_tokens, deadline,
-                                        cpu=a.cpu)
+                                        cpu=a.cpu, modes=modes)
         except Exception:
             results[name] = {"error": traceback.format_exc()[-3000:]}
         results[name]["wall_s"] = time.time() - t0

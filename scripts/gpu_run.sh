@@ -76,6 +76,18 @@ case "${1:-}" in
     timeout 420 python3 scripts/gpu_e2e.py arm --model data/models/tiny-gui --label tiny-gui-accept-sync \
       --arm trigger --patch accept_sync --out "$out" --job K --eager --seeds 12 >"$out/jobK.log" 2>&1 &
     wait; ls "$out" "$out"/store/*; exit 0;;
+  overhead4)  # round 4 (carry .gpu3 on a fresh machine): the graph digest's CUDA tests, then the
+    # overhead probe with five modes (off / hooks / digest = graph + idle emission / digest_eager /
+    # digest_bg) on a random hybrid (PROBE_SIZES: 1p3b, then 7b in a second call); 4 files under $OUT
+    [ -f "$site/vllm-env.sh" ] || bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { tail "$out/install.log"; exit 3; }
+    . "$site/vllm-env.sh"
+    export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING STATESCOPE_CAPTURE_STRICT=0
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m "not engine" tests/test_digest_graph.py \
+      tests/test_digest_triton.py >"$out/pytest_graph.log" 2>&1; echo "pytest rc=$?" >>"$out/pytest_graph.log"
+    tail -3 "$out/pytest_graph.log"
+    timeout 450 python3 scripts/gpu_overhead_probe.py --out "$out" --sizes "${PROBE_SIZES:-1p3b}" --rounds 6 --max-tokens 160 \
+      --budget-s "${PROBE_BUDGET_S:-430}" >"$out/overhead_probe.log" 2>&1
+    echo "probe rc=$?"; grep -E '^(1p3b|7b) ' "$out/overhead_probe.log" | cut -c1-600; exit 0;;
   e2e_r)
     . "$site/vllm-env.sh"
     export PYTHONPATH="$PWD/lib:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING

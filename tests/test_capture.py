@@ -47,6 +47,8 @@ def prompts_for(engine, n: int = 12) -> list[str]:
     ({"output_dir": "x", "full": {"pairs": [["r", -1]]}}, "full.pairs"),
     ({"output_dir": "x", "max_bytes": 0}, "max_bytes"),
     ({"output_dir": "x", "draft_columns": "yes"}, "draft_columns"),
+    ({"output_dir": "x", "emit": "sometimes"}, "emit"),
+    ({"output_dir": "x", "defer_max_steps": 0}, "defer_max_steps"),
 ])
 def test_spec_rejects_bad_fields_by_name(raw, field):
     with pytest.raises(InputError, match=field.split(".")[0]):

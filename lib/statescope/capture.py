@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from statescope.capture_spool import IDLE_S
 from statescope.capture_spec import ENV_CAPTURE, CaptureSpec
 from statescope.errors import InputError
 
@@ -244,7 +245,10 @@ class Recorder:
 
     def _flush_loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self._wake.wait(self.spec.flush_interval_s)  # a CPU step with digests to reduce wakes it
+            # a CPU step with digests to reduce wakes it; steps deferred to an idle engine are
+            # looked at every IDLE_S (statescope.capture_spool)
+            deferring = any(r.deferred or r.pending for r in self.runs.values() if r.spool is not None)
+            self._wake.wait(IDLE_S if deferring else self.spec.flush_interval_s)
             self._wake.clear()
             if self.hits is not None:
                 try:

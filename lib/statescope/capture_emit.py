@@ -5,7 +5,8 @@ a step's fence is done (flusher thread or explicit flush), on host values only: 
 facts (with the accepted counts read back — sampled and used — and the first live row of the conv
 window), one digest row per (request, layer, kind, digested column) with per-token-row checksums for conv windows, one census row per
 copy — decoded by ``statescope.census_decode`` and classified per launch by ``statescope.census``
-— and content-addressed snapshot tensors. On a CPU build the decoded census is cross-checked
+— and content-addressed snapshot tensors. ``StandaloneEmitter`` is the same without a runner, built
+from a run's manifest (``statescope.capture_spool.recover``). On a CPU build the decoded census is cross-checked
 against the copies ``statescope.cpu_kernels`` reports doing (``observed`` column, counts in the
 manifest under ``census_crosscheck``).
 
@@ -19,6 +20,8 @@ import torch
 
 from statescope import census, census_decode as cd
 from statescope.digest import unpack
+from statescope.digest_graph import unflatten
+from statescope.errors import InputError
 
 KINDS = ("conv", "ssm")
 
@@ -34,6 +37,10 @@ class RunEmitter:
             item.update(zip(keys, values))
             for launch, data in zip(launches, values[len(keys):]):
                 launch.data = data
+        if "digest_flat" in item:  # one graph replay's buffer for padded columns
+            layout, columns = item.pop("digest_layout")
+            (item["stats"], item["checksum"], item["conv_row_checks"],
+             item["conv_row_sums"]) = unflatten(item.pop("digest_flat"), layout, columns)
         for launch in item["launches"]:
             if launch.block_size is not None:  # post-process inputs staged in the step: decide now
                 launch.data = torch.from_numpy(cd.postprocess_decisions_np(launch.data.numpy(),
@@ -145,4 +152,38 @@ class RunEmitter:
             return cpu_kernels.is_installed()
         except ImportError:
             return False
+
+
+class StandaloneEmitter(RunEmitter):
+    """``RunEmitter`` for a run on disk, from its manifest alone (no vLLM, no device): used to emit
+    spooled steps after the process that captured them died."""
+
+    def __init__(self, run_dir: Any, manifest: dict) -> None:
+        import threading
+
+        from statescope.capture_spec import CaptureSpec
+        from statescope.capture_store import CaptureWriter
+        from statescope.digest import Digester
+
+        try:
+            self.geoms = [cd.StateGeometry(**dict(g, shape=tuple(g["shape"]))) for g in manifest["states"]]
+            self.spec = CaptureSpec.from_dict(manifest["spec"])
+            stats = list(manifest["digest_stats"])
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"{run_dir}: manifest.json lacks what emission needs ({exc}); expected "
+                             f"'states', 'spec' and 'digest_stats' as a capture run writes them") from None
+        self.layers = [(g.layer, g.group) for g in self.geoms if g.kind == "conv"]
+        self.groups = list(manifest.get("mamba_groups") or [])
+        self.digester = Digester(self.spec.projections, self.spec.digest_seed)
+        if list(self.digester.names) != stats:
+            raise InputError(f"{run_dir}: digest_stats {stats} differ from this statescope's "
+                             f"{list(self.digester.names)}")
+        self.crosscheck = dict(manifest.get("census_crosscheck") or
+                               {"decoded": 0, "observed": 0, "decoded_not_observed": 0,
+                                "observed_not_decoded": 0})
+        self.lock = threading.RLock()
+        self.writer = CaptureWriter.reopen(run_dir)
+
+    def _observing(self) -> bool:
+        return False  # the process that ran the copies is gone
 

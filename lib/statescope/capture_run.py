@@ -18,7 +18,10 @@ machine (the other core is rarely idle).
 
 Later (``drain``, from the recorder's flusher thread or an explicit flush): steps whose fence is
 done are turned into table rows by ``statescope.capture_emit`` (the ``RunEmitter`` base class)
-and written through ``statescope.capture_store.CaptureWriter``.
+and written through ``statescope.capture_store.CaptureWriter`` — at once (``emit: "background"``,
+the CPU default), or, on an accelerator (``emit: "idle"``), first appended to the run's spool and
+made into rows when the engine idles (``statescope.capture_spool``: the step's host time is the
+throughput there).
 
 What it deliberately does not do: install hooks or own threads (``statescope.capture``).
 """
@@ -37,12 +40,15 @@ import torch
 from statescope import census_decode as cd
 from statescope.capture_adapters import mamba_groups
 from statescope.capture_emit import KINDS, RunEmitter
+from statescope.capture_spool import IDLE_S, Spool
 from statescope.capture_store import CaptureWriter
 from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device,
                                native_kernel, pack, to_host_async)
+from statescope.digest_graph import StepDigest
 
-PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used")
+PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
+STEP_DIGEST_ON_CPU = False  # tests: the CUDA path's padded one-buffer digest (eagerly) on CPU
 
 
 @dataclass
@@ -98,6 +104,10 @@ class RunCapture(RunEmitter):
         # (the digest numbers still come from the C kernel there: one implementation per host).
         self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
         self.digester = Digester(spec.projections, spec.digest_seed)
+        # CUDA: both kinds' digests as one graph replay per step (statescope.digest_graph)
+        self.step_digest = None
+        if self.device.type == "cuda" or (self.device_path and STEP_DIGEST_ON_CPU):
+            self.step_digest = StepDigest(self._digest_body, self.device)
         spec_cfg = runner.vllm_config.speculative_config
         num_spec = int(spec_cfg.num_speculative_tokens) if spec_cfg else 0
         manifest.update(conv_window=self.geoms[0].conv_width - num_spec,
@@ -106,10 +116,17 @@ class RunCapture(RunEmitter):
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
                         state_device=str(self.device),  # the kernel is built here, not mid-step
                         digest_kernel=_digest_kernel_name(self.device),
+                        digest_graph=self.step_digest.status if self.step_digest else "off",
                         # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
                         # of different versions or kernels agree on checksums, not on floats
                         digest_version=2)
+        self.defer = spec.emit == "idle" or (spec.emit == "auto" and self.device_path)
+        manifest.update(emit="idle" if self.defer else "background")
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
+        self.spool = Spool(run_dir) if self.defer else None
+        self.deferred: list = []  # spooled, not yet emitted (in order)
+        self.emit_s = 0.0  # host seconds spent making rows, wherever (manifest emit_ms_total)
+        self.last_step_t = time.monotonic()
         self.lock = threading.RLock()  # guards ``pending``; re-entrant for the SIGTERM handler
         self.drain_lock = threading.RLock()  # one drainer at a time (flusher vs explicit flush)
         self.pending: deque = deque()
@@ -141,6 +158,7 @@ class RunCapture(RunEmitter):
 
     def begin_step(self, so: Any) -> None:
         self.engine_step += 1
+        self.last_step_t = time.monotonic()
         for rid in so.finished_req_ids:
             self.reqs.pop(rid, None)
         spec_tokens = so.scheduled_spec_decode_tokens
@@ -243,8 +261,7 @@ class RunCapture(RunEmitter):
             states = self._states(runner)
             blocks = np.asarray(columns, dtype=np.int64)[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
-            idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
-            self._digest_into(out, states, idx)
+            self._digest_into(out, states, blocks)
             rows = None
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
                 if counts is not None:
@@ -258,10 +275,30 @@ class RunCapture(RunEmitter):
         with self.lock:
             self.pending.append(out)
 
-    def _digest_into(self, item: dict, states: list, idx: torch.Tensor) -> None:
-        """Digest both kinds in the step, straight from the blocks where a kernel applies: on a
-        CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
-        included; host launch overhead is the cost there), on CPU the C kernel
+    def _digest_into(self, item: dict, states: list, blocks: np.ndarray) -> None:
+        """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one graph
+        replay (``statescope.digest_graph``; its flat output is unpacked at emit), else
+        ``_digest_kinds`` as launched here."""
+        if self.step_digest is not None:
+            res = self.step_digest.run(blocks)
+            if self.step_digest.status != self.writer.manifest.get("digest_graph"):
+                self.writer.note(digest_graph=self.step_digest.status)
+            if res is not None:
+                item["digest_flat"], item["digest_layout"] = res[0], (res[1], res[2])
+                return
+        idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
+        stats, checks, item["conv_row_checks"], item["conv_row_sums"] = self._digest_kinds(states, idx)
+        item["stats"], item["checksum"] = stats, checks
+
+    def _digest_body(self, idx: torch.Tensor) -> tuple:
+        runner = self.runner_ref()
+        return self._digest_kinds(self._states(runner), idx)
+
+    def _digest_kinds(self, states: list, idx: torch.Tensor) -> tuple:
+        """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums)
+        for block table ``idx`` (on the states' device), straight from the blocks where a kernel
+        applies: on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv
+        token rows included; host launch overhead is the cost there), on CPU the C kernel
         (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
         compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
         buffers (no per-step allocation, no thread hand-off), the recurrent state chunk by chunk
@@ -282,12 +319,11 @@ class RunCapture(RunEmitter):
         elif conv[2] is None:  # DS layout: the token rows are columns of the block
             conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
         if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
-            item["stats"] = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
-            item["checksum"] = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
+            stats = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
+            checks = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
         else:
-            item["stats"] = torch.stack([conv[0], ssm[0]])
-            item["checksum"] = torch.stack([conv[1], ssm[1]])
-        item["conv_row_checks"], item["conv_row_sums"] = conv[2], conv[3]
+            stats, checks = torch.stack([conv[0], ssm[0]]), torch.stack([conv[1], ssm[1]])
+        return stats, checks, conv[2], conv[3]
 
     def _pack(self, item: dict) -> None:
         """GPU: one pinned device->host copy for all of a step's small results (digests, accepted
@@ -325,25 +361,48 @@ class RunCapture(RunEmitter):
         with self.drain_lock:
             return self._drain(force)
 
+    def idle(self) -> bool:
+        """No engine step has started for ``IDLE_S`` seconds."""
+        return time.monotonic() - self.last_step_t > IDLE_S
+
     def _drain(self, force: bool, write: bool = True) -> int:
         done = []
         with self.lock:
             while self.pending and (force or self.pending[0]["fence"].done()):
                 done.append(self.pending.popleft())
-        for item in done:
-            if force:
+        if force:
+            for item in done:
                 item["fence"].wait()
+        if self.spool is not None:  # deferred: spool now (cheap), rows when the engine idles
+            for item in done:
+                self.spool.append(item)
+            self.deferred += done
+            if not (force or self.deferred and (self.idle()
+                                                or len(self.deferred) >= self.spec.defer_max_steps)):
+                return len(done)
+            done, self.deferred = self.deferred, []
+        t0 = time.thread_time()
+        for item in done:
             self._emit(item)
+        self.emit_s += time.thread_time() - t0
+        if self.spool is not None and done:
+            self.writer.note(spool_emitted=self.spool.offset)
         self.steps_since_write += len(done)
         idle = time.monotonic() - self.last_write > self.spec.flush_interval_s
-        if write and self.steps_since_write and (force or idle
+        batch = self.spool is not None and bool(done)  # a deferred batch: persist it now
+        if write and self.steps_since_write and (force or idle or batch
                                        or self.steps_since_write >= self.spec.flush_every_steps):
             self.write()
+            if batch:  # its steps are in the tables (manifest says up to which byte): start afresh
+                self.spool.truncate()
+                self.writer.note(spool_emitted=0)
+                self.writer.write_manifest()
         return len(done)
 
     def write(self) -> None:
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
-                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
+                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
+                         emit_ms_total=round(self.emit_s * 1e3, 3))
         self.writer.write()
         self.steps_since_write = 0
         self.last_write = time.monotonic()
@@ -355,8 +414,12 @@ class RunCapture(RunEmitter):
     def _close(self, status: str) -> None:
         self._drain(force=True, write=False)  # the writer's close writes the tables once
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
-                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step)
+                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
+                         emit_ms_total=round(self.emit_s * 1e3, 3))
         self.writer.close(status)
+        if self.spool is not None:  # every spooled step is in the tables now
+            self.spool.close()
+            self.spool.path.unlink(missing_ok=True)
 
 
 def _digest_kernel_name(device: torch.device) -> str:

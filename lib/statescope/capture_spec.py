@@ -14,12 +14,18 @@ Spec fields (all optional except ``output_dir``)::
                  | {"prompt_prefixes": ["goal: "]} | {"episode_tags": ["[ep:3]"]},
      "full": {"pairs": [["3", 0], ["7", 2]], "first_steps": 2},       # request-local steps
      "max_bytes": 1000000000, "projections": 3, "digest_seed": 0, "census": true,
-     "draft_columns": false, "flush_every_steps": 64, "flush_interval_s": 2.0}
+     "draft_columns": false, "flush_every_steps": 64, "flush_interval_s": 2.0,
+     "emit": "auto", "defer_max_steps": 1024}
 
 ``draft_columns``: also digest the speculative columns after the running one (the candidate
 states after each scheduled draft token), as digest rows with ``column_offset`` 1..drafts. Off
 by default: with MTP(2) it triples the state bytes digested per step (docs/benchmarks.md has the
 measured cost).
+
+``emit``: when finished steps become table rows. ``"background"``: at once, by the flusher thread;
+``"idle"``: the flusher only appends them to the run's spool, rows are made when no engine step has
+started for a quarter second, when ``defer_max_steps`` steps wait, or at flush/close
+(``statescope.capture_spool``); ``"auto"`` (default): idle on an accelerator, background on CPU.
 
 A request id matches an ``ids`` entry when equal, or when the part before vLLM's random ``-suffix``
 is equal (offline requests are ``"<n>-<hex>"``). ``prompt_prefixes`` / ``episode_tags`` are text,
@@ -44,7 +50,9 @@ ENV_CAPTURE = "STATESCOPE_CAPTURE"
 MODES = ("off", "digest", "full")
 REQUEST_KEYS = ("all", "sample", "seed", "ids", "prompt_prefixes", "episode_tags")
 TOP_KEYS = ("output_dir", "run_id", "mode", "requests", "full", "max_bytes", "projections",
-            "digest_seed", "census", "draft_columns", "flush_every_steps", "flush_interval_s")
+            "digest_seed", "census", "draft_columns", "flush_every_steps", "flush_interval_s", "emit",
+            "defer_max_steps")
+EMIT = ("auto", "background", "idle")
 
 
 def prompt_sha(token_ids: Sequence[int]) -> str:
@@ -80,6 +88,8 @@ class CaptureSpec:
     draft_columns: bool = False
     flush_every_steps: int = 64
     flush_interval_s: float = 2.0
+    emit: str = "auto"
+    defer_max_steps: int = 1024
     source: str = "<dict>"  # where the spec came from, for error messages and the manifest
 
     @classmethod
@@ -135,7 +145,9 @@ class CaptureSpec:
     def _validate(self) -> None:
         if self.mode not in MODES:
             self._bad("mode", f"one of {MODES}")
-        for name in ("max_bytes", "flush_every_steps"):
+        if self.emit not in EMIT:
+            self._bad("emit", f"one of {EMIT}")
+        for name in ("max_bytes", "flush_every_steps", "defer_max_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 self._bad(name, "a positive integer")

@@ -91,6 +91,27 @@ class CaptureWriter:
         self._pending_bytes = 0
         self.write()
 
+    @classmethod
+    def reopen(cls, run_dir: str | os.PathLike) -> "CaptureWriter":
+        """A writer that appends parts to an existing run (``capture_spool.recover``): the next
+        part and shard numbers follow those on disk, the manifest keeps its fields."""
+        self = cls.__new__(cls)
+        self.run_dir = Path(run_dir)
+        self.manifest = json.loads((self.run_dir / MANIFEST).read_text())
+        self.max_bytes = int(self.manifest.get("spec", {}).get("max_bytes") or 2**62)
+        self._rows = {t: [] for t in TABLES}
+        self._tables = {t: [] for t in TABLES}
+        self._columns = {t: [] for t in TABLES}
+        self._tensors, self._known = {}, {}
+        parts = [int(f.stem.rsplit("-", 1)[1]) for f in (self.run_dir / "tables").glob("*-*.parquet")]
+        self._parts = max(parts, default=0)
+        self._shards = len(list((self.run_dir / "shards").glob("shard-*.safetensors")))
+        sizes = self.manifest.get("sizes") or {}
+        self.bytes_written = int(sizes.get("bytes_total") or 0)
+        self.tensor_bytes = int(sizes.get("tensor_bytes") or 0)
+        self._pending_bytes = 0
+        return self
+
     def add_rows(self, table: str, rows: list[dict]) -> None:
         if table not in self._rows:
             raise InputError(f"capture table {table!r}: expected one of {TABLES}")
@@ -182,6 +203,10 @@ class CaptureWriter:
         self.manifest["status"] = status
         self.manifest["closed"] = _now()
         self.write()
+
+    def write_manifest(self) -> None:
+        """Replace the manifest now (atomically), without writing buffered rows."""
+        self._write_manifest()
 
     def _write_manifest(self) -> None:
         tmp = self.run_dir / (MANIFEST + ".tmp")

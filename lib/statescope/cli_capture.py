@@ -116,6 +116,17 @@ def census_command(args: argparse.Namespace) -> int:
     return 0 if report["crosscheck_ok"] and not report["capture_errors"] else 1
 
 
+def recover_command(args: argparse.Namespace) -> int:
+    from statescope.capture_spool import recover
+
+    rep = recover(args.run)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        print(f"{rep['run']}: {rep['steps_emitted']} spooled step(s) emitted; status {rep['status']}")
+    return 0
+
+
 def add_capture_subcommands(subparsers: Any) -> None:
     c = subparsers.add_parser("capture", help="run a small workload with state capture on")
     c.add_argument("--spec", help="capture spec JSON (overrides the flags below)")
@@ -137,3 +148,9 @@ def add_capture_subcommands(subparsers: Any) -> None:
     s.add_argument("run", help="capture run directory (or a directory of runs: the latest)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=census_command)
+    r = subparsers.add_parser("capture-recover", help="emit the spooled steps a killed capture left "
+                                                      "unwritten (emit: idle runs)")
+    r.add_argument("run", help="capture run directory")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=recover_command)
+

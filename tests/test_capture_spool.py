@@ -1,0 +1,111 @@
+"""Deferred emission (``statescope.capture_spool``): the spool is an append-only log a killed
+process leaves readable, and a run recovered from it has the rows a cleanly closed run has."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from statescope import capture, capture_run, capture_spool
+from statescope.capture_session import record
+from statescope.capture_store import CaptureRun
+from statescope.errors import InputError
+
+
+def test_spool_round_trip_torn_tail_and_truncate(tmp_path):
+    sp = capture_spool.Spool(tmp_path)
+    items = [{"engine_step": i, "fence": object(), "t": torch.arange(4, dtype=torch.int32) + i,
+              "bf": torch.tensor([1.5, -2.0], dtype=torch.bfloat16), "metas": [{"req_id": str(i)}]}
+             for i in range(3)]
+    ends = [sp.append(it) for it in items]
+    back = list(capture_spool.read_spool(tmp_path))
+    assert [off for off, _ in back] == ends
+    for (_, got), want in zip(back, items):
+        assert "fence" not in got and got["engine_step"] == want["engine_step"]
+        assert torch.equal(got["t"], want["t"]) and got["bf"].dtype == torch.bfloat16
+        assert torch.equal(got["bf"], want["bf"]) and got["metas"] == want["metas"]
+    assert [it["engine_step"] for _, it in capture_spool.read_spool(tmp_path, ends[0])] == [1, 2]
+    with open(sp.path, "ab") as f:  # a process killed mid-write leaves a torn record: ignored
+        f.write(b"\x40\x00\x00\x00\x00\x00\x00\x00partial")
+    assert len(list(capture_spool.read_spool(tmp_path))) == 3
+    sp.truncate()
+    assert sp.offset == 0 and list(capture_spool.read_spool(tmp_path)) == []
+    sp.append(items[0])
+    assert len(list(capture_spool.read_spool(tmp_path))) == 1
+    sp.close()
+
+
+def test_unreadable_record_names_the_file_and_byte(tmp_path):
+    (tmp_path / capture_spool.SPOOL).write_bytes(b"\x03\x00\x00\x00\x00\x00\x00\x00xyz")
+    with pytest.raises(InputError, match=r"spool.bin: step record at byte 0"):
+        list(capture_spool.read_spool(tmp_path))
+
+
+@pytest.fixture
+def trigger(engine_pool, monkeypatch):
+    from statescope.engine import EngineConfig
+
+    monkeypatch.setenv("STATESCOPE_CAPTURE_STRICT", "1")
+    engine = engine_pool.get(EngineConfig())
+    yield engine
+    capture.uninstall()
+
+
+@pytest.mark.engine
+def test_killed_run_recovers_the_rows_of_a_clean_close(trigger, tmp_path, monkeypatch):
+    """A run with ``emit: idle`` spools its steps; the directory as a kill would leave it (steps
+    spooled, none emitted) is recovered into the same rows as the run closed cleanly."""
+    from statescope.capture_session import boundary_prompts
+
+    monkeypatch.setattr(capture_run, "IDLE_S", 1e9)  # the engine never counts as idle here
+    prompts = boundary_prompts(trigger.resolved()["mamba_block_size"], 6)
+    spec = {"output_dir": str(tmp_path / "runs"), "run_id": "deferred", "emit": "idle",
+            "flush_interval_s": 3600}
+    trigger.reset_prefix_cache()
+    rec = capture.install(spec)
+    try:
+        trigger.generate(prompts, max_tokens=12, ignore_eos=True)
+        run = next(iter(rec.runs.values()))
+        assert run.drain() > 0 and run.deferred  # spooled, not emitted
+        crashed = shutil.copytree(run.writer.run_dir, tmp_path / "crashed")
+    finally:
+        dirs = capture.uninstall()
+    clean = CaptureRun(dirs[-1])
+    assert clean.manifest["emit"] == "idle" and clean.manifest["status"] == "complete"
+    assert not (clean.path / capture_spool.SPOOL).exists()  # emitted, so removed
+    assert CaptureRun(crashed).manifest["status"] == "running" and len(CaptureRun(crashed).steps()) == 0
+    rep = capture_spool.recover(crashed)
+    assert rep["steps_emitted"] > 0 and rep["status"] == "recovered"
+    got = CaptureRun(crashed)
+    for table in ("steps", "digests", "copies"):
+        a, b = (getattr(r, table)() for r in (clean, got))
+        cols = [c for c in a.columns if c != "observed"]  # the CPU cross-check needs the live kernels
+        key = [c for c in ("engine_step", "req_id", "layer", "kind", "launch", "src_addr") if c in a]
+        assert len(a) == len(b) > 0, table
+        pa_, pb = (x[cols].sort_values(key).reset_index(drop=True) for x in (a, b))
+        assert pa_.astype(str).equals(pb.astype(str)), table
+    assert capture_spool.recover(crashed)["steps_emitted"] == 0  # idempotent
+
+
+@pytest.mark.engine
+def test_idle_emission_writes_while_the_engine_waits(trigger, tmp_path):
+    """Default threshold: once the engine stops stepping, the flusher emits without a flush."""
+    import time
+
+    from statescope.capture_session import boundary_prompts
+
+    prompts = boundary_prompts(trigger.resolved()["mamba_block_size"], 4)
+    trigger.reset_prefix_cache()
+    rec = capture.install({"output_dir": str(tmp_path), "run_id": "idle", "emit": "idle",
+                           "flush_interval_s": 0.05})
+    try:
+        trigger.generate(prompts, max_tokens=8, ignore_eos=True)
+        run = next(iter(rec.runs.values()))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(CaptureRun(run.writer.run_dir).steps()) == 0:
+            time.sleep(0.1)
+        assert len(CaptureRun(run.writer.run_dir).steps()) > 0
+        assert run.writer.manifest["spool_emitted"] == 0  # emitted, then the spool restarted
+    finally:
+        capture.uninstall()

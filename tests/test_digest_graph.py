@@ -1,0 +1,100 @@
+"""The capture's one-buffer step digest (``statescope.digest_graph``): buckets, padding, slicing, and
+the padded path end to end on the CPU engine (eager: CUDA graphs themselves need a GPU; their
+bit-for-bit self-check runs on the device, see docs/gpu.md)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from statescope import capture, capture_run, digest_graph as dg
+from statescope.capture_diff import digest_diff
+from statescope.capture_session import boundary_prompts, record
+
+
+def test_buckets_and_padding():
+    assert [dg.bucket(c) for c in (1, 8, 9, 32, 33, 1024)] == [8, 8, 16, 32, 64, 1024]
+    assert dg.bucket(1025) is None
+    blocks = np.array([[5, 6, 7], [9, 10, 11]])
+    padded = dg.pad_columns(blocks, 8)
+    assert padded.shape == (2, 8) and (padded[:, :3] == blocks).all() and (padded[:, 3:] == [[5], [9]]).all()
+
+
+def test_flat_round_trip_drops_padding_and_missing_rows():
+    stats = torch.randn(2, 3, 8, 5)
+    check = torch.randint(0, 2**31, (2, 3, 8), dtype=torch.int64)
+    rows_c = torch.randint(0, 99, (3, 8, 4), dtype=torch.int64)
+    flat, layout = dg._flat((stats, check, rows_c, None))
+    got = dg.unflatten(flat, layout, 6)
+    assert torch.equal(got[0], stats[:, :, :6]) and torch.equal(got[1], check[:, :, :6])
+    assert torch.equal(got[2], rows_c[:, :6]) and got[3] is None
+
+
+def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
+    calls = []
+
+    def body(idx):
+        calls.append(idx.shape)
+        return (idx.to(torch.float32)[None, :, :, None].repeat(2, 1, 1, 2), idx[None].repeat(2, 1, 1),
+                None, None)
+
+    sd = dg.StepDigest(body, torch.device("cpu"))
+    assert sd.status == "off"  # graphs only on CUDA
+    flat, layout, cols = sd.run(np.array([[3, 4, 5]]))
+    assert calls == [(1, 8)] and cols == 3
+    stats, check, _, _ = dg.unflatten(flat, layout, cols)
+    assert check.tolist() == [[[3, 4, 5]], [[3, 4, 5]]] and stats.shape == (2, 1, 3, 2)
+    assert sd.run(np.zeros((1, 2000), dtype=np.int64)) is None  # too wide: the caller's path
+
+
+@pytest.mark.engine
+def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypatch):
+    from statescope.engine import EngineConfig
+
+    engine = engine_pool.get(EngineConfig())
+    prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 5)
+    try:
+        a, _ = record(engine, {"output_dir": str(tmp_path), "run_id": "plain"}, prompts, max_tokens=10)
+        monkeypatch.setattr(capture_run, "DEVICE_PATH_ON_CPU", True)
+        monkeypatch.setattr(capture_run, "STEP_DIGEST_ON_CPU", True)
+        b, _ = record(engine, {"output_dir": str(tmp_path), "run_id": "padded"}, prompts, max_tokens=10)
+    finally:
+        capture.uninstall()
+    assert b.manifest["emit"] == "idle" and b.manifest["digest_graph"] == "off"
+    diff = digest_diff(a, b)
+    assert len(diff) == len(a.digests()) == len(b.digests()) > 0 and diff["same"].all()
+    key = ["prompt_sha", "req_step", "layer"]
+    ra, rb = (r.digests().query("kind == 'conv'").sort_values(key)["row_checksums"] for r in (a, b))
+    live = a.manifest["conv_window"]  # rows after the live window hold whatever the block held before
+    assert [list(x[:live]) for x in ra] == [list(x[:live]) for x in rb]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+def test_graph_replay_equals_eager_launches_on_cuda():
+    """On the GPU: every bucket's replay gives exactly the eager digests, padded columns dropped,
+    and reads the states live (a changed state changes the replayed digest)."""
+    from statescope.digest import Digester
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layers, nblocks = 4, 64
+    conv = [torch.randn(nblocks, 5, 384, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(layers)]
+    ssm = [torch.randn(nblocks, 1, 128, 128, device="cuda", generator=gen) for _ in range(layers)]
+    d = Digester(3, 0)
+
+    def body(idx):
+        c = d.digest_device(conv, idx, with_rows=True, token_axis=0)
+        s = d.digest_device(ssm, idx)
+        return torch.stack([c[0], s[0]]), torch.stack([c[1], s[1]]), c[2], c[3]
+
+    sd = dg.StepDigest(body, torch.device("cuda"))
+    rng = np.random.default_rng(0)
+    for step, cols in enumerate((3, 8, 5, 20, 3)):
+        if step == 4:
+            conv[1].add_(1.0)  # the graph must read the state as it is now
+        blocks = rng.integers(0, nblocks, (layers, cols))
+        flat, layout, c = sd.run(blocks)
+        got = dg.unflatten(flat.cpu(), layout, c)
+        ref = body(torch.from_numpy(blocks).cuda())
+        for g, r in zip(got, ref):
+            assert torch.equal(g, r.cpu()), (step, cols)
+    assert sd.status == "on" and sorted(sd._graphs) == [8, 32]
