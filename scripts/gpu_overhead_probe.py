@@ -180,7 +180,10 @@ def same_digests(rows: list[dict]) -> dict | None:
     if not {"digest", "digest_eager"} <= set(last):
         return None
     key = ["prompt_sha", "req_step", "layer", "kind", "column_offset"]
-    a, b = (CaptureRun(last[m]).digests().set_index(key)["checksum"] for m in ("digest", "digest_eager"))
+    try:
+        a, b = (CaptureRun(last[m]).digests().set_index(key)["checksum"] for m in ("digest", "digest_eager"))
+    except Exception as exc:  # a probe result must not be lost to its own check
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
     both = a.to_frame("graph").join(b.to_frame("eager"), how="inner")
     return {"rows_graph": len(a), "rows_eager": len(b), "rows_compared": len(both),
             "identical": int((both["graph"] == both["eager"]).sum())}

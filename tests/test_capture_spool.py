@@ -36,6 +36,16 @@ def test_spool_round_trip_torn_tail_and_truncate(tmp_path):
     sp.close()
 
 
+def test_device_tensors_are_not_read_when_spooled(tmp_path):
+    """A launch's device inputs stay behind (emit takes them from the packed host copy): spooling
+    must never read device memory (a read would synchronize the step)."""
+    sp = capture_spool.Spool(tmp_path)
+    sp.append({"engine_step": 1, "data": torch.empty(4, device="meta"), "host": torch.ones(2)})
+    (_, item), = capture_spool.read_spool(tmp_path)
+    assert item["data"] is None and torch.equal(item["host"], torch.ones(2))
+    sp.close()
+
+
 def test_unreadable_record_names_the_file_and_byte(tmp_path):
     (tmp_path / capture_spool.SPOOL).write_bytes(b"\x03\x00\x00\x00\x00\x00\x00\x00xyz")
     with pytest.raises(InputError, match=r"spool.bin: step record at byte 0"):
@@ -109,3 +119,23 @@ def test_idle_emission_writes_while_the_engine_waits(trigger, tmp_path):
         assert run.writer.manifest["spool_emitted"] == 0  # emitted, then the spool restarted
     finally:
         capture.uninstall()
+
+
+def test_row_checksum_columns_are_variable_size_lists(tmp_path):
+    """conv rows carry per-token row checksums, ssm rows none (null): written as variable-size
+    lists, which every pyarrow reads back (null fixed-size lists failed on the H200's pyarrow)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from statescope.capture_store import CaptureWriter
+
+    w = CaptureWriter(tmp_path, {"run_id": "x"}, 10**9)
+    w.add_columns("digests", {"kind": np.array(["conv"] * 3, dtype=object),
+                              "row_checksums": np.arange(15).reshape(3, 5)})
+    w.add_columns("digests", {"kind": np.array(["ssm"] * 2, dtype=object)})
+    w.close()
+    part, = (tmp_path / "tables").glob("digests-*.parquet")
+    assert str(pq.read_schema(part).field("row_checksums").type).startswith("list<")
+    rows = CaptureRun(tmp_path).digests()["row_checksums"].tolist()
+    assert [list(r) for r in rows[:3]] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]
+    assert rows[3] is None and rows[4] is None

@@ -40,11 +40,17 @@ class _HostPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
+            if obj.device.type != "cpu":  # a launch's device input: emit takes it from the packed copy
+                return _device_placeholder, ()
             t = obj.detach()
             if t.dtype == torch.bfloat16:  # numpy has no bfloat16: carry the bits
                 return _bf16_from_numpy, (t.view(torch.int16).numpy().copy(),)
             return torch.from_numpy, (t.numpy().copy(),)
         return NotImplemented
+
+
+def _device_placeholder() -> None:
+    return None
 
 
 def _bf16_from_numpy(a: np.ndarray) -> torch.Tensor:

@@ -142,9 +142,11 @@ class CaptureWriter:
             arrays = []
             for name in names:
                 a = np.concatenate([p[name] for p in parts])
-                if a.ndim == 2:
-                    arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)),
-                                                                    a.shape[1]))
+                if a.ndim == 2:  # variable-size lists: a table that also holds rows without
+                    # this column gets nulls there, and pyarrow before the GH-35692 fix (2026-07)
+                    # cannot read null fixed-size lists back from parquet (the H200's could not)
+                    offsets = np.arange(0, a.size + 1, max(a.shape[1], 1), dtype=np.int32)[:a.shape[0] + 1]
+                    arrays.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(a.reshape(-1))))
                 else:
                     arrays.append(pa.array(a))
             out.append(pa.table(arrays, names=list(names)))
