@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 MODES = ("off", "hooks", "digest", "digest_eager", "digest_bg")
-# digest: the defaults (CUDA-graph digest, rows made when the engine idles); digest_eager: the
-# digest launched eagerly (STATESCOPE_DIGEST_GRAPH=0), as round 3 measured it; digest_bg: rows made
-# by the flusher thread while the engine steps (emit "background"), as round 3 did.
+# digest: CUDA-graph digest (STATESCOPE_DIGEST_GRAPH=1), rows made when the engine idles;
+# digest_eager: the digest launched eagerly (the default), rows at idle; digest_bg: CUDA-graph
+# digest, rows made by the flusher thread while the engine steps (emit "background", as round 3).
 
 
 def spec_for(mode: str, run_id: str) -> dict:
@@ -63,6 +63,7 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
 
     clock = None
     os.environ[ENV_GRAPH] = "0" if mode == "digest_eager" else "1"  # read when the run starts
+    # (round 4 ran with graphs on by default: digest and digest_bg as here, digest_eager off)
     if mode != "off":
         rec = capture.install(spec_for(mode, run_id))
         clock = bench_capture.CaptureClock()

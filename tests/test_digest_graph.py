@@ -39,7 +39,7 @@ def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
                 None, None)
 
     sd = dg.StepDigest(body, torch.device("cpu"))
-    assert sd.status == "off"  # graphs only on CUDA
+    assert sd.status == "off"  # graphs only on CUDA, and only when asked for
     flat, layout, cols = sd.run(np.array([[3, 4, 5]]))
     assert calls == [(1, 8)] and cols == 3
     stats, check, _, _ = dg.unflatten(flat, layout, cols)
@@ -70,10 +70,12 @@ def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
-def test_graph_replay_equals_eager_launches_on_cuda():
+def test_graph_replay_equals_eager_launches_on_cuda(monkeypatch):
     """On the GPU: every bucket's replay gives exactly the eager digests, padded columns dropped,
     and reads the states live (a changed state changes the replayed digest)."""
     from statescope.digest import Digester
+
+    monkeypatch.setenv(dg.ENV_GRAPH, "1")  # opt-in
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers, nblocks = 4, 64

@@ -67,3 +67,18 @@ def test_cli_reports_round4_with_the_patch_section(capsys):
     assert rep["patch"]["patched_vs_unpatched"]["patched_failed_episodes"] == 0
     builds = {(r["trigger_build"], r["outcome"]) for r in rep["verdicts"]}
     assert ("accept_sync", NO_EVIDENCE) in builds and ("unpatched", CORRUPTION_DETECTED) in builds
+
+
+def test_overhead_round4_graph_equals_eager_and_idle_emission_cut_the_flusher():
+    rows = gpu_round4.overhead_table()
+    by = {(r["file"], r["mode"]): r for r in rows}
+    for f in ("probe_1p3b.json", "probe_7b.json"):
+        agree = by[(f, "digest")]["graph_vs_eager_identical"]
+        done, total = map(int, agree.split("/"))
+        assert done == total > 100_000  # the replayed digests are the eager ones, row for row
+        # rows made at idle: the flusher's share of the step is a fraction of making them in the
+        # background (round 3's 1.6-3.2 ms per step)
+        assert by[(f, "digest_eager")]["host_ms_flusher"] < 0.5 < by[(f, "digest_bg")]["host_ms_flusher"]
+        assert by[(f, "digest_eager")]["digest_graph"] == "off" and by[(f, "digest")]["digest_graph"] == "on"
+    # the goal (>= 0.97 of capture off) is still not met by the digest in any probe
+    assert all(r["paired_ratio_median"] < 0.97 for r in rows if r["mode"].startswith("digest"))

@@ -104,7 +104,8 @@ class RunCapture(RunEmitter):
         # (the digest numbers still come from the C kernel there: one implementation per host).
         self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
         self.digester = Digester(spec.projections, spec.digest_seed)
-        # CUDA: both kinds' digests as one graph replay per step (statescope.digest_graph)
+        # CUDA: both kinds' digests into one buffer per step, as a graph replay where
+        # STATESCOPE_DIGEST_GRAPH=1 (statescope.digest_graph), else launched eagerly
         self.step_digest = None
         if self.device.type == "cuda" or (self.device_path and STEP_DIGEST_ON_CPU):
             self.step_digest = StepDigest(self._digest_body, self.device)
@@ -276,9 +277,9 @@ class RunCapture(RunEmitter):
             self.pending.append(out)
 
     def _digest_into(self, item: dict, states: list, blocks: np.ndarray) -> None:
-        """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one graph
-        replay (``statescope.digest_graph``; its flat output is unpacked at emit), else
-        ``_digest_kinds`` as launched here."""
+        """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
+        buffer (``statescope.digest_graph``: eager, or a graph replay when opted in; unpacked at
+        emit), else ``_digest_kinds`` as launched here."""
         if self.step_digest is not None:
             res = self.step_digest.run(blocks)
             if self.step_digest.status != self.writer.manifest.get("digest_graph"):

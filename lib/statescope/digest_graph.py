@@ -14,7 +14,14 @@ eagerly (warm-up: Triton compile, cached tables), is captured on a side stream
 (``capture_error_mode="thread_local"``: the flusher thread's event queries stay legal), replayed
 once and compared bit for bit with the eager result — one host synchronization per bucket per
 run. Any failure or mismatch turns graphs off for the run (``status`` says why) and the eager
-path is used; ``STATESCOPE_DIGEST_GRAPH=0`` turns them off from the start.
+path is used.
+
+Opt-in (``STATESCOPE_DIGEST_GRAPH=1``), measured on the H200 (round 4,
+``data/results/gpu/overhead_round4/``): the replayed digests equal the eager ones on 184,464 and
+245,952 rows, but in runs of ~165 steps the builds' synchronizations (three buckets per run, each
+waiting for the GPU's queue) cost more host time than the replays save (2.3 / 6.8 ms per step in
+the step's hooks vs 1.4 eager). Graphs built once per engine rather than per capture run are the
+next step; until that is measured the eager path is the default.
 
 ``StepDigest(..., use_graph=False)`` runs the same padded body eagerly (CPU tests of the padding,
 layout and slicing; and the fallback).
@@ -34,7 +41,7 @@ import torch
 from statescope.digest import host_to_device, pack
 
 log = logging.getLogger("statescope.digest")
-ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "0": never record graphs
+ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "1": record graphs (opt-in, see the docstring)
 MIN_BUCKET, MAX_BUCKET = 8, 1024
 
 
@@ -74,7 +81,7 @@ class StepDigest:
                  use_graph: bool = True) -> None:
         self.body = body  # padded idx [L, Cb] (device) -> (stats2, check2, rows_check, rows_sum)
         self.device = device
-        self.use_graph = use_graph and device.type == "cuda" and os.environ.get(ENV_GRAPH, "1") != "0"
+        self.use_graph = use_graph and device.type == "cuda" and os.environ.get(ENV_GRAPH, "0") == "1"
         self.status = "on" if self.use_graph else "off"
         self._graphs: dict[int, tuple] = {}  # bucket -> (graph, static idx, static flat, layout)
         self._pool: Any = None

@@ -9,6 +9,12 @@ against each control with the verdict machinery of every other round (``gpu_e2e.
 and whether the departed set is round 3's; ``patched_vs_unpatched`` is the one-sided Fisher test of
 the two triggers against each other (episode unit), with both arms' engagement counters.
 
+``overhead_table`` reads round 4's capture-overhead probes (``data/results/gpu/overhead_round4/``:
+rows made when the engine idles, the digest launched eagerly or replayed as a CUDA graph) per
+random hybrid and mode: throughput ratios to capture off, the capture's host milliseconds per step
+in the step's hooks and in the flusher, the deferred emission's cost, and whether graph and eager
+digests agreed.
+
 What it deliberately does not do: claim the patch is upstream's fix (it is a statescope runtime
 wrapper; docs/gpu.md says what it changes and what it costs), or re-run anything.
 """
@@ -21,6 +27,8 @@ from statescope.errors import InputError
 from statescope.gpu_round3 import R3_DIR
 
 R4_DIR = gr.E2E_DIR.parent / "e2e_round4"
+OVERHEAD_DIR = gr.E2E_DIR.parent / "overhead_round4"
+PROBES = {"probe_1p3b.json": "1p3b", "probe_7b.json": "7b", "probe_7b_eager8.json": "7b"}
 ARMS = {"unpatched": "tiny-gui", "accept_sync": "tiny-gui-accept-sync"}  # name -> records label
 
 
@@ -102,3 +110,36 @@ def patched_vs_unpatched(d: Path = R4_DIR, r3: Path = R3_DIR) -> dict:
     return {"unpatched_failed_episodes": k1, "unpatched_episodes": n1,
             "patched_failed_episodes": k2, "patched_episodes": n2,
             "fisher_p_one_sided": fisher_exact_one_sided(k1, n1, k2, n2)}
+
+
+def overhead_table(d: Path = OVERHEAD_DIR) -> list[dict]:
+    """One row per (probe file, mode): ratios to "off" (median of rounds, paired median), host ms
+    per step in the step (hooks) and in the flusher ("drain"), emission ms per step (made at
+    idle/close), and the graph-vs-eager digest agreement of that probe."""
+    import json
+
+    rows = []
+    for name, size in PROBES.items():
+        path = Path(d) / name
+        if not path.is_file():
+            raise InputError(f"{path}: missing (scripts/gpu_overhead_probe.py writes it; see docs/gpu.md)")
+        res = json.loads(path.read_text())[size]
+        if "summary" not in res:
+            raise InputError(f"{path}: field '{size}.summary' missing (the probe failed: {str(res.get('error'))[:200]})")
+        agree = res.get("graph_vs_eager") or {}
+        for mode, s in res["summary"].items():
+            if mode == "off":
+                continue
+            by = s.get("by_name_ms_per_step", {})
+            rows.append({"file": name, "size": size, "mode": mode, "rounds": len(s["paired_ratios"]),
+                         "ratio_median": round(s["ratio_median"], 3),
+                         "paired_ratio_median": round(s["paired_ratio_median"], 3),
+                         "paired_min": min(s["paired_ratios"]), "paired_max": max(s["paired_ratios"]),
+                         "host_ms_in_step": round(sum(v for k, v in by.items() if k != "drain"), 3),
+                         "host_ms_flusher": round(by.get("drain", 0.0), 3),
+                         "emit_ms_per_step": round(s.get("emit_ms_per_step") or 0.0, 3),
+                         "digest_graph": ",".join(s.get("digest_graph") or []),
+                         "graph_vs_eager_identical": (f"{agree['identical']}/{agree['rows_compared']}"
+                                                      if "identical" in agree else None)})
+    return rows
+
