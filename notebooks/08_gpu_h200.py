@@ -81,6 +81,17 @@ pd.DataFrame(r4.patch_table()).drop_duplicates("trigger")
 r4.patched_vs_unpatched()
 
 # %% [markdown]
+# ## 0c · Round 4: what the capture costs now
+#
+# The overhead probe again (random 1.6 B and 6.7 B hybrids, compiled, CUDA graphs, async scheduling),
+# after two changes: rows are made when the engine idles (the flusher only spools each step), and
+# the census is decided on the host. `host_ms_*` is the capture's own thread time per step — the
+# stable measure; the ratios to capture off are medians of noisy rounds. Still short of 0.97.
+
+# %%
+pd.DataFrame(r4.overhead_table()).drop(columns=["file"])
+
+# %% [markdown]
 # **Which factors.** Every tiny-gui configuration run on the H200, against round 2's eager async-off
 # control on the 288 requests all share. The eager trigger departs on the same six requests as
 # round 2's compiled one, the compiled async-off control on none: CUDA graphs are not needed, async

@@ -50,7 +50,7 @@ NEEDLES = {
     "06_hypotheses": ("EMULATED (PLANTED permute_accepted)", "H-lostcopy", "tolerance units"),
     "08_gpu_h200": ("control broken", "GPUModelRunner", "0.26.0 + overlap-safe", "same_tokens",
                     "capture_host_ms_per_step", "corruption detected", "differ_from_eager_no_async",
-                    "host_ms_flusher", "fisher_p_one_sided", "accept_sync"),
+                    "host_ms_flusher", "fisher_p_one_sided", "accept_sync", "graph_vs_eager_identical"),
 }
 
 
