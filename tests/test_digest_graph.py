@@ -39,7 +39,7 @@ def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
                 None, None)
 
     sd = dg.StepDigest(body, torch.device("cpu"))
-    assert sd.status == "off"  # graphs only on CUDA, and only when asked for
+    assert sd.status(True) == sd.status(False) == "off"  # graphs only on CUDA, and only when asked for
     flat, layout, cols = sd.run(np.array([[3, 4, 5]]))
     assert calls == [(1, 8)] and cols == 3
     stats, check, _, _ = dg.unflatten(flat, layout, cols)
@@ -49,18 +49,28 @@ def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
 
 @pytest.mark.engine
 def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypatch):
+    from statescope.capture_store import CaptureRun
     from statescope.engine import EngineConfig
 
     engine = engine_pool.get(EngineConfig())
     prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 5)
+    b, c = [], []
     try:
         a, _ = record(engine, {"output_dir": str(tmp_path), "run_id": "plain"}, prompts, max_tokens=10)
         monkeypatch.setattr(capture_run, "DEVICE_PATH_ON_CPU", True)
         monkeypatch.setattr(capture_run, "STEP_DIGEST_ON_CPU", True)
-        b, _ = record(engine, {"output_dir": str(tmp_path), "run_id": "padded"}, prompts, max_tokens=10)
+        seen = []
+        for name in ("padded", "again"):
+            engine.reset_prefix_cache()
+            rec = capture.install({"output_dir": str(tmp_path), "run_id": name})
+            engine.generate(prompts, max_tokens=10, ignore_eos=True)
+            seen.append(next(iter(rec.runs.values())).step_digest)
+            (b if name == "padded" else c).append(capture.uninstall()[-1])
+        b, c = CaptureRun(b[0]), CaptureRun(c[0])
     finally:
         capture.uninstall()
     assert b.manifest["emit"] == "idle" and b.manifest["digest_graph"] == "off"
+    assert c.manifest["digest_graph"] == "off" and seen[0] is seen[1]  # one per engine, across runs
     diff = digest_diff(a, b)
     assert len(diff) == len(a.digests()) == len(b.digests()) > 0 and diff["same"].all()
     key = ["prompt_sha", "req_step", "layer"]
@@ -70,12 +80,11 @@ def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypat
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
-def test_graph_replay_equals_eager_launches_on_cuda(monkeypatch):
+def test_graph_replay_equals_eager_launches_on_cuda():
     """On the GPU: every bucket's replay gives exactly the eager digests, padded columns dropped,
     and reads the states live (a changed state changes the replayed digest)."""
     from statescope.digest import Digester
 
-    monkeypatch.setenv(dg.ENV_GRAPH, "1")  # opt-in
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     layers, nblocks = 4, 64
@@ -94,9 +103,9 @@ def test_graph_replay_equals_eager_launches_on_cuda(monkeypatch):
         if step == 4:
             conv[1].add_(1.0)  # the graph must read the state as it is now
         blocks = rng.integers(0, nblocks, (layers, cols))
-        flat, layout, c = sd.run(blocks)
+        flat, layout, c = sd.run(blocks, graphs=True)
         got = dg.unflatten(flat.cpu(), layout, c)
         ref = body(torch.from_numpy(blocks).cuda())
         for g, r in zip(got, ref):
             assert torch.equal(g, r.cpu()), (step, cols)
-    assert sd.status == "on" and sorted(sd._graphs) == [8, 32]
+    assert sd.status(True) == "on" and sd.status(False) == "off" and sorted(sd._graphs) == [8, 32]

@@ -27,6 +27,7 @@ What it deliberately does not do: install hooks or own threads (``statescope.cap
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -44,7 +45,7 @@ from statescope.capture_spool import IDLE_S, Spool
 from statescope.capture_store import CaptureWriter
 from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device,
                                native_kernel, pack, to_host_async)
-from statescope.digest_graph import StepDigest
+from statescope.digest_graph import ENV_GRAPH, StepDigest
 
 PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
@@ -107,8 +108,10 @@ class RunCapture(RunEmitter):
         # CUDA: both kinds' digests into one buffer per step, as a graph replay where
         # STATESCOPE_DIGEST_GRAPH=1 (statescope.digest_graph), else launched eagerly
         self.step_digest = None
+        self.want_graph = os.environ.get(ENV_GRAPH, "0") == "1"
         if self.device.type == "cuda" or (self.device_path and STEP_DIGEST_ON_CPU):
-            self.step_digest = StepDigest(self._digest_body, self.device)
+            self.step_digest = _engine_step_digest(runner, self.layers, self.geoms[0], spec,
+                                                   self.device, self.device_path)
         spec_cfg = runner.vllm_config.speculative_config
         num_spec = int(spec_cfg.num_speculative_tokens) if spec_cfg else 0
         manifest.update(conv_window=self.geoms[0].conv_width - num_spec,
@@ -117,7 +120,8 @@ class RunCapture(RunEmitter):
                         mamba_groups=self.groups, digest_stats=list(self.digester.names),
                         state_device=str(self.device),  # the kernel is built here, not mid-step
                         digest_kernel=_digest_kernel_name(self.device),
-                        digest_graph=self.step_digest.status if self.step_digest else "off",
+                        digest_graph=(self.step_digest.status(self.want_graph)
+                                      if self.step_digest else "off"),
                         # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
                         # of different versions or kernels agree on checksums, not on floats
                         digest_version=2)
@@ -281,19 +285,16 @@ class RunCapture(RunEmitter):
         buffer (``statescope.digest_graph``: eager, or a graph replay when opted in; unpacked at
         emit), else ``_digest_kinds`` as launched here."""
         if self.step_digest is not None:
-            res = self.step_digest.run(blocks)
-            if self.step_digest.status != self.writer.manifest.get("digest_graph"):
-                self.writer.note(digest_graph=self.step_digest.status)
+            res = self.step_digest.run(blocks, self.want_graph)
+            status = self.step_digest.status(self.want_graph)
+            if status != self.writer.manifest.get("digest_graph"):
+                self.writer.note(digest_graph=status)
             if res is not None:
                 item["digest_flat"], item["digest_layout"] = res[0], (res[1], res[2])
                 return
         idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
         stats, checks, item["conv_row_checks"], item["conv_row_sums"] = self._digest_kinds(states, idx)
         item["stats"], item["checksum"] = stats, checks
-
-    def _digest_body(self, idx: torch.Tensor) -> tuple:
-        runner = self.runner_ref()
-        return self._digest_kinds(self._states(runner), idx)
 
     def _digest_kinds(self, states: list, idx: torch.Tensor) -> tuple:
         """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums)
@@ -304,27 +305,7 @@ class RunCapture(RunEmitter):
         compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
         buffers (no per-step allocation, no thread hand-off), the recurrent state chunk by chunk
         (each chunk reduced while still in cache)."""
-        geom, d = self.geoms[0], self.digester
-        conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
-        conv = d.digest_device(conv_states, idx, with_rows=True,
-                               token_axis=1 if geom.dim_rows else 0)
-        ssm = d.digest_device(ssm_states, idx) if conv is not None else None
-        if conv is None or ssm is None:
-            conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
-            ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
-        if conv is None or ssm is None:
-            reuse = not self.device_path
-            chunks = d.gather(conv_states, idx, reuse=reuse)
-            conv = d.reduce(chunks) + d.token_rows(chunks, geom.shape, 1 if geom.dim_rows else 0)
-            ssm = d.digest(ssm_states, idx, reuse=reuse)
-        elif conv[2] is None:  # DS layout: the token rows are columns of the block
-            conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
-        if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
-            stats = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
-            checks = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
-        else:
-            stats, checks = torch.stack([conv[0], ssm[0]]), torch.stack([conv[1], ssm[1]])
-        return stats, checks, conv[2], conv[3]
+        return digest_kinds(self.digester, self.geoms[0], states, idx, reuse=not self.device_path)
 
     def _pack(self, item: dict) -> None:
         """GPU: one pinned device->host copy for all of a step's small results (digests, accepted
@@ -421,6 +402,52 @@ class RunCapture(RunEmitter):
         if self.spool is not None:  # every spooled step is in the tables now
             self.spool.close()
             self.spool.path.unlink(missing_ok=True)
+
+
+
+def digest_kinds(d: Digester, geom: Any, states: list, idx: torch.Tensor, reuse: bool) -> tuple:
+    """``RunCapture._digest_kinds`` without a run (the engine's ``StepDigest`` body calls it too):
+    ``geom`` is the first conv state's geometry, ``reuse`` keeps the torch path's buffers (CPU)."""
+    conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
+    conv = d.digest_device(conv_states, idx, with_rows=True,
+                           token_axis=1 if geom.dim_rows else 0)
+    ssm = d.digest_device(ssm_states, idx) if conv is not None else None
+    if conv is None or ssm is None:
+        conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
+        ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
+    if conv is None or ssm is None:
+        chunks = d.gather(conv_states, idx, reuse=reuse)
+        conv = d.reduce(chunks) + d.token_rows(chunks, geom.shape, 1 if geom.dim_rows else 0)
+        ssm = d.digest(ssm_states, idx, reuse=reuse)
+    elif conv[2] is None:  # DS layout: the token rows are columns of the block
+        conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
+    if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
+        stats = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
+        checks = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
+    else:
+        stats, checks = torch.stack([conv[0], ssm[0]]), torch.stack([conv[1], ssm[1]])
+    return stats, checks, conv[2], conv[3]
+
+
+def _engine_step_digest(runner: Any, layers: list, geom: Any, spec: Any, device: torch.device,
+                        device_path: bool) -> StepDigest:
+    """The engine's ``StepDigest`` for this digest configuration, kept on the model runner so its
+    CUDA graphs are built once per engine (not per capture run). Its body owns its ``Digester``
+    (the graphs read its weights) and reads the runner's state tensors through a weak reference."""
+    cache = runner.__dict__.setdefault("_statescope_step_digests", {})
+    key = (spec.projections, spec.digest_seed, tuple(n for n, _ in layers), str(device))
+    sd = cache.get(key)
+    if sd is None:
+        ref, names = weakref.ref(runner), [n for n, _ in layers]
+        digester = Digester(spec.projections, spec.digest_seed)
+
+        def body(idx: torch.Tensor) -> tuple:
+            ctx = ref().compilation_config.static_forward_context
+            return digest_kinds(digester, geom, [list(ctx[n].kv_cache[:2]) for n in names], idx,
+                                reuse=not device_path)
+
+        sd = cache[key] = StepDigest(body, device)
+    return sd
 
 
 def _digest_kernel_name(device: torch.device) -> str:

@@ -12,19 +12,19 @@ rows lie, for ``Cb`` columns); the caller copies it out with the step's other re
 Safety: a graph is built in the step the first time its bucket is needed: the body runs once
 eagerly (warm-up: Triton compile, cached tables), is captured on a side stream
 (``capture_error_mode="thread_local"``: the flusher thread's event queries stay legal), replayed
-once and compared bit for bit with the eager result — one host synchronization per bucket per
-run. Any failure or mismatch turns graphs off for the run (``status`` says why) and the eager
-path is used.
+once and compared bit for bit with the eager result — one host synchronization per bucket for
+the engine's life (the ``StepDigest`` lives on the model runner, across capture runs). Any failure
+or mismatch turns graphs off for good (``status`` says why) and the eager path is used.
 
 Opt-in (``STATESCOPE_DIGEST_GRAPH=1``), measured on the H200 (round 4,
 ``data/results/gpu/overhead_round4/``): the replayed digests equal the eager ones on 184,464 and
-245,952 rows, but in runs of ~165 steps the builds' synchronizations (three buckets per run, each
-waiting for the GPU's queue) cost more host time than the replays save (2.3 / 6.8 ms per step in
-the step's hooks vs 1.4 eager). Graphs built once per engine rather than per capture run are the
-next step; until that is measured the eager path is the default.
+245,952 rows, but built per capture run then, in runs of ~165 steps the builds' synchronizations
+(three buckets per run, each waiting for the GPU's queue) cost more host time than the replays
+saved (2.5 / 6.9 ms per step in the step's hooks vs 1.6 eager). Graphs are now built once per
+engine; until that is measured the eager path stays the default.
 
-``StepDigest(..., use_graph=False)`` runs the same padded body eagerly (CPU tests of the padding,
-layout and slicing; and the fallback).
+``run(blocks, graphs=False)`` runs the same padded body eagerly (the default; CPU tests of the
+padding, layout and slicing; the fallback).
 
 What it deliberately does not do: choose blocks (``statescope.capture_run``), or copy results to
 the host (``statescope.digest.to_host_async``).
@@ -74,24 +74,32 @@ def slice_columns(values: Sequence[torch.Tensor], columns: int) -> list[torch.Te
 
 
 class StepDigest:
-    """Digests of both kinds for a ``[L, C]`` host block table: ``run(blocks)`` -> ``(flat device
-    buffer, layout, C)`` or None (the caller then takes the unpadded eager path)."""
+    """Digests of both kinds for a ``[L, C]`` host block table: ``run(blocks, graphs)`` ->
+    ``(flat device buffer, layout, C)`` or None (the caller then takes the unpadded eager path).
+    One per engine (``statescope.capture_run`` keeps it on the model runner), so a graph is built
+    once per bucket for the engine's life, not once per capture run."""
 
-    def __init__(self, body: Callable[[torch.Tensor], tuple | None], device: torch.device,
-                 use_graph: bool = True) -> None:
+    def __init__(self, body: Callable[[torch.Tensor], tuple | None], device: torch.device) -> None:
         self.body = body  # padded idx [L, Cb] (device) -> (stats2, check2, rows_check, rows_sum)
         self.device = device
-        self.use_graph = use_graph and device.type == "cuda" and os.environ.get(ENV_GRAPH, "0") == "1"
-        self.status = "on" if self.use_graph else "off"
+        self.failed: str | None = None  # why graphs were turned off for good
         self._graphs: dict[int, tuple] = {}  # bucket -> (graph, static idx, static flat, layout)
         self._pool: Any = None
 
-    def run(self, blocks: np.ndarray) -> tuple | None:
+    def graphs_on(self, want: bool) -> bool:
+        return want and self.device.type == "cuda" and self.failed is None
+
+    def status(self, want: bool) -> str:
+        if self.graphs_on(want):
+            return "on"
+        return self.failed if (want and self.failed) else "off"
+
+    def run(self, blocks: np.ndarray, graphs: bool = False) -> tuple | None:
         cb = bucket(blocks.shape[1])
         if cb is None:
             return None
         host = torch.from_numpy(pad_columns(blocks, cb))
-        if self.use_graph:
+        if self.graphs_on(graphs):
             entry = self._graphs.get(cb)
             if entry is not None:  # the steady state: one upload, one replay
                 graph, static_idx, flat, layout = entry
@@ -127,11 +135,10 @@ class StepDigest:
                     graph.capture_end()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph.replay()
-            if not torch.equal(flat, ref):  # one synchronization per bucket per run
+            if not torch.equal(flat, ref):  # one synchronization per bucket per engine
                 raise RuntimeError("the replayed digest differs from the eager one")
         except Exception as exc:  # never break the step: the eager path still works
-            self.use_graph = False
-            self.status = f"off after failure: {type(exc).__name__}: {exc}"[:300]
+            self.failed = f"off after failure: {type(exc).__name__}: {exc}"[:300]
             log.warning("statescope digest: CUDA graph for %d columns failed (%s); eager from now on",
                         cb, exc)
             return None
