@@ -163,7 +163,8 @@ pd.DataFrame(gr.departure_table())
 # changed their text) — **only when the request's batch row moved and the batch also held prefill
 # rows** (41 of 47 such transitions; 0 of 633 otherwise), always "1 where 3 was accepted", in all
 # layers alike. The accepted count the GDN conv update reads does not follow a request whose row
-# moves: the H-accept family. Deterministic in this run; eager arms never showed it.
+# moves: the H-accept family. Deterministic in this run; round 3's eager trigger departs on the same
+# requests (so CUDA graphs are not needed), and round 4's `accept_sync` patch removes all of them.
 
 # %%
 pd.DataFrame(gr.continuity_table())
