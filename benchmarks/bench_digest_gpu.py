@@ -4,7 +4,7 @@ Builds L GDN layers (default 18) of vLLM-like state: per layer one page buffer h
 a bf16 conv window (SD ``[3, 8192]``; ``--layout DS``: ``[8192, 3]``) followed by a float32
 recurrent state ``[32, 128, 128]`` (2 MB), as ``as_strided`` views. Each "step" digests R
 requests' blocks (default 32; duplicate-free, shuffled) of both kinds through
-``RunCapture._digest_into`` (what the capture runs in the step, conv token rows included), once
+``capture_run.digest_kinds`` (what the capture's step digest runs, conv token rows included), once
 with the Triton path off (``statescope.digest`` falls back to its torch gather + reductions) and
 once with it on. Reported per step: host time (``perf_counter`` around the call; nothing is
 synchronized inside it) and device time (CUDA events around the call, with a sleep kernel queued
@@ -29,7 +29,7 @@ import statescope  # noqa: E402,F401  (import shims first)
 import torch  # noqa: E402
 
 from statescope import census_decode as cd, digest as digest_mod  # noqa: E402
-from statescope.capture_run import RunCapture  # noqa: E402
+from statescope.capture_run import digest_kinds  # noqa: E402
 from statescope.digest import Digester, host_to_device  # noqa: E402
 
 
@@ -64,9 +64,9 @@ def one_step(cap: SimpleNamespace, states: list, ids_host: torch.Tensor
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
-    item: dict = {}
     ids = host_to_device(ids_host, device)  # as end_step does: part of the host cost
-    RunCapture._digest_into(cap, item, states, ids)
+    stats, checks, row_checks, row_sums = digest_kinds(cap.digester, cap.geoms[0], states, ids, reuse=False)
+    item = {"stats": stats, "checksum": checks, "conv_row_checks": row_checks, "conv_row_sums": row_sums}
     host = time.perf_counter() - t0
     if not cuda:
         return item, host * 1e3, host * 1e3

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -103,12 +102,11 @@ def interpreter_checks() -> None:
     for dim_first, states in ((False, [[c, s] for c, s in zip(conv, ssm)]),
                               (True, [[c, s] for c, s in zip(ds, ssm)])):
         geoms = cd.geometry_from_states([(f"l{i}", 0, s) for i, s in enumerate(states)], dim_first)
-        item: dict = {}
-        cap = SimpleNamespace(geoms=geoms, digester=d)
         calls = []
         orig = d.digest_device
         d.digest_device = lambda *a, **kw: calls.append(1) or orig(*a, **kw)
-        capture_run.RunCapture._digest_into(cap, item, states, ids)
+        stats2, checks2, row_checks, _ = capture_run.digest_kinds(d, geoms[0], states, ids, reuse=False)
+        item = {"stats": stats2, "checksum": checks2, "conv_row_checks": row_checks}
         del d.digest_device
         assert len(calls) == 2  # both kinds went through the device path
         kinds = [[s[0] for s in states], [s[1] for s in states]]
