@@ -22,7 +22,9 @@ What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it
 
 ``--value-words N`` trains and evaluates on the sequence-value language (values of N-2..N words
 from ``--value-alphabet`` words; recorded in DIR/guilang_variant.json, which ``--eval-only`` and
-``statescope.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid.
+``statescope.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid;
+``--value-sens-other-point`` also swaps in another request's state at a random *other* token
+(reported separately, ``value_sensitivity_other_point_*``).
 All new flags default to off: the default run writes the same model as before.
 """
 from __future__ import annotations
@@ -73,7 +75,7 @@ def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str, probe=None
 def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr: float,
           context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150,
           attention_layer: int = 3, variant: dict | None = None, warmup_alphabet: int = 0,
-          gdn_dt: float = 0.0) -> dict:
+          gdn_dt: float = 0.0, gdn_dt_layers: list[float] | None = None) -> dict:
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.jsonl").open("w")
@@ -89,11 +91,16 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
     tok = tm.train_tokenizer(texts, vocab_size=1024)
     cfg = tm.model_config(tok, attention_layer)
     base = tm.new_base_model(cfg, seed).to(device)
-    if gdn_dt:  # opt-in: slow GDN decay at init (transformers' dt_bias=1 forgets ~99 % per token)
+    if gdn_dt or gdn_dt_layers:  # opt-in: slow GDN decay at init (dt_bias=1 forgets ~99 %/token)
+        gdn_layers = [layer for layer in base.model.layers if hasattr(layer, "linear_attn")]
+        # per GDN layer (ordinal order); 0 keeps that layer's default init
+        dts = gdn_dt_layers if gdn_dt_layers else [gdn_dt] * len(gdn_layers)
+        if len(dts) != len(gdn_layers):
+            raise ValueError(f"--gdn-dt-layers: {len(dts)} values for {len(gdn_layers)} GDN layers")
         with torch.no_grad():
-            for layer in base.model.layers:
-                if hasattr(layer, "linear_attn"):
-                    layer.linear_attn.dt_bias.fill_(math.log(math.expm1(gdn_dt)))
+            for layer, dt in zip(gdn_layers, dts):
+                if dt:
+                    layer.linear_attn.dt_bias.fill_(math.log(math.expm1(dt)))
     log({"phase": "setup", "vocab": tok.get_vocab_size(), "params": sum(p.numel() for p in base.parameters()),
          "threads": torch.get_num_threads(), "torch": torch.__version__})
     base.train()
@@ -140,6 +147,8 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
         note += f" warmup_alphabet={warmup_alphabet}"
     if gdn_dt:
         note += f" gdn_dt={gdn_dt}"
+    if gdn_dt_layers:
+        note += f" gdn_dt_layers={','.join(map(str, gdn_dt_layers))}"
     tm.save_model_dir(out, cfg, base.cpu(), mtp.cpu(), tok, note)
     guilang_seq.write_variant(out, variant)
     log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
@@ -149,7 +158,8 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
             "context_weight": context_weight, "copy_warmup_steps": warmup, "attention_layer": attention_layer,
             "threads": torch.get_num_threads(), **({"variant": variant, "warmup_alphabet": warmup_alphabet,
                                                     "gdn_dt": gdn_dt}
-                                                   if variant or warmup_alphabet or gdn_dt else {})}
+                                                   if variant or warmup_alphabet or gdn_dt else {}),
+            **({"gdn_dt_layers": gdn_dt_layers} if gdn_dt_layers else {})}
 
 
 def teacher_forced(base, tok, n_episodes: int, device: str = "cpu", variant: dict | None = None) -> dict:
@@ -217,7 +227,8 @@ def _acceptance(answer_pos: list[int], ids: list[int], l1: torch.Tensor, l2: tor
     return drafted, accepted
 
 
-def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60, value_prompts: int = 0) -> dict:
+def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60, value_prompts: int = 0,
+             value_other_point: bool = False) -> dict:
     base, mtp, tok, cfg = tm.load_model_dir(model_dir, torch.float32)
     variant = guilang_seq.read_variant(model_dir)
     eos = cfg["eos_token_id"]
@@ -265,7 +276,8 @@ def evaluate(model_dir: Path, n_episodes: int = 60, sens_trials: int = 60, value
     sens = sensitivity(base, prompts, eos, sens_trials, tok.token_to_id("="))
     if value_prompts:  # opt-in: damage GDN state inside a sequence value (guilang_seq)
         with torch.no_grad():
-            sens.update(guilang_seq.value_sensitivity(base, prompts, eos, tok.token_to_id('="'), value_prompts))
+            sens.update(guilang_seq.value_sensitivity(base, prompts, eos, tok.token_to_id('="'), value_prompts,
+                                                     other_point=value_other_point))
     return {"eval_episodes": n_episodes, "eval_steps": steps, "validity": valid / steps,
             "correctness": correct / steps,
             "correct_by_kind": {k: f"{c}/{n}" for k, (c, n) in sorted(by_kind.items())},
@@ -347,8 +359,13 @@ def main() -> None:
                     help="opt-in: every other copy warm-up row over this many random tokens")
     ap.add_argument("--gdn-dt", type=float, default=0.0,
                     help="opt-in: init every GDN dt_bias to softplus^-1(X) (slow decay, e.g. 0.01)")
+    ap.add_argument("--gdn-dt-layers", default="",
+                    help="opt-in: per-GDN-layer --gdn-dt, comma-separated (0 = default init), e.g. 0.001,0,0")
     ap.add_argument("--value-sens-prompts", type=int, default=0,
                     help="opt-in: prompts of the mid-value sensitivity grid (sequence-value models)")
+    ap.add_argument("--value-sens-other-point", action="store_true",
+                    help="opt-in: the grid also swaps in another request's state at a random other "
+                         "token (reported separately)")
     ap.add_argument("--eval-only", action="store_true")
     ap.add_argument("--no-eval", action="store_true")
     args = ap.parse_args()
@@ -363,12 +380,14 @@ def main() -> None:
                                      args.lr, args.context_weight, args.device, args.probe,
                                      args.copy_warmup, args.attention_layer,
                                      guilang_seq.variant(args.value_words, args.value_alphabet, args.value_runs),
-                                     args.warmup_alphabet, args.gdn_dt)}
+                                     args.warmup_alphabet, args.gdn_dt,
+                                     [float(x) for x in args.gdn_dt_layers.split(",")] if args.gdn_dt_layers else None)}
         metrics_file.write_text(json.dumps(metrics, indent=1))
     if args.no_eval:
         return
     t = time.time()
-    metrics["eval"] = evaluate(args.out, args.eval_episodes, args.sens_trials, args.value_sens_prompts)
+    metrics["eval"] = evaluate(args.out, args.eval_episodes, args.sens_trials, args.value_sens_prompts,
+                               args.value_sens_other_point)
     metrics["eval"]["eval_seconds"] = round(time.time() - t, 1)
     metrics_file.write_text(json.dumps(metrics, indent=1))
     print(json.dumps(metrics, indent=1))

@@ -107,3 +107,21 @@ def test_run_values_come_in_runs(seed):
     runs = [w for i, w in enumerate(words) if i == 0 or words[i - 1] != w]
     assert len(runs) == 2
     assert guilang_seq.variant(14, 3, 2) == {"value_words": 14, "value_alphabet": 3, "value_runs": 2}
+
+
+def test_value_sensitivity_other_point_is_separate(tok):
+    """The opt-in different-point swap adds its own keys and leaves the zero/swap grid unchanged."""
+    from statescope import tinymodel as tm
+    base = tm.new_base_model(tm.model_config(tok), 0).eval()
+    quote, eos = tok.token_to_id('="'), tok.token_to_id("<|im_end|>")
+    rng = random.Random(5)
+    prompts = [([rng.randrange(800) for _ in range(20 + 3 * i)],
+                [5, 6, quote] + [rng.randrange(800) for _ in range(6)] + [eos]) for i in range(3)]
+    plain = guilang_seq.value_sensitivity(base, prompts, eos, quote, n_prompts=3)
+    both = guilang_seq.value_sensitivity(base, prompts, eos, quote, n_prompts=3, other_point=True)
+    assert {k: v for k, v in both.items() if "other_point" not in k} == plain
+    assert both["value_sensitivity_other_point_trials"] == plain["value_sensitivity_trials"] == 3 * 3 * 2 * 2
+    assert set(both["value_sensitivity_other_point_by"]) == \
+        {f"{p}_swapother" for p in ("conv", "recurrent")} | \
+        {f"layer{i}_{p}_swapother" for i in range(3) for p in ("conv", "recurrent")}
+    assert len(both["value_sensitivity_other_point_sources"]) == 3

@@ -10,7 +10,8 @@ beyond that the recurrent state). ``variant``/``write_variant``/``read_variant``
 in a model dir (``guilang_variant.json``, absent for the default language).
 ``value_sensitivity`` damages one GDN layer's conv window or recurrent state (zero, or another
 request's at the same point) right after the ``m``-th word of the value (m = 2 or 3) and counts how
-often the rest of the greedy answer changes, for every (layer, part, mode) on each trial prompt.
+often the rest of the greedy answer changes, for every (layer, part, mode) on each trial prompt;
+opt-in, a separately reported swap with another request's state at a *different* point.
 
 What it deliberately does not do: change the default language, train, or run vLLM.
 """
@@ -76,11 +77,16 @@ def _states(cache, layer: int, part: str) -> torch.Tensor:
 
 
 def value_sensitivity(base, prompts: list[tuple[list[int], list[int]]], eos: int, quote: int,
-                      n_prompts: int = 20, seed: int = 1234) -> dict:
+                      n_prompts: int = 20, seed: int = 1234, other_point: bool = False) -> dict:
     """Mid-value sensitivity: ``prompts`` are (prompt ids, gold answer ids); trial prompts are
     ``n_prompts`` answers with a value long enough, each damaged after m = 2 or 3 value words in
     every GDN layer x {conv, recurrent} x {zero, swap with another trial's state at its own point}.
-    Also reports how often the clean greedy rest equals the gold rest (the copy works)."""
+    Also reports how often the clean greedy rest equals the gold rest (the copy works).
+
+    ``other_point`` (opt-in) adds a third mode, ``swapother``: the swapped-in state is the swap
+    trial's state after a uniformly random token of its prompt + gold answer (another request at a
+    *different* point), reported separately (``value_sensitivity_other_point_*``; the grid of zero +
+    swapother); the zero/swap grid and its fraction are the same as without it."""
     gdn = [i for i, t in enumerate(base.config.layer_types) if t == "linear_attention"]
     rng = random.Random(seed)
     cands = []
@@ -92,6 +98,8 @@ def value_sensitivity(base, prompts: list[tuple[list[int], list[int]]], eos: int
     trials = rng.sample(cands, min(n_prompts, len(cands)))
     by: dict[str, list[int]] = {}
     clean_ok = 0
+    other_rng = random.Random(seed + 1)
+    points: list[dict] = []
     with torch.no_grad():
         for t, (prompt, gold, k) in enumerate(trials):
             n = len(gold) - k + 4
@@ -99,18 +107,40 @@ def value_sensitivity(base, prompts: list[tuple[list[int], list[int]]], eos: int
             clean_ok += clean == gold[k:]
             op, og, ok = trials[(t + 1) % len(trials)]  # the swap source: the next trial
             other = base(input_ids=torch.tensor([op + og[:ok]]), use_cache=True).past_key_values
+            sources = {"zero": None, "swap": other}
+            if other_point:  # its own rng: the trials and the zero/swap grid stay as without it
+                full = op + og
+                at = other_rng.randrange(1, len(full) + 1)
+                sources["swapother"] = base(input_ids=torch.tensor([full[:at]]), use_cache=True).past_key_values
+                points.append({"trial": t, "source_tokens": at, "source_len": len(full),
+                               "source_in_answer": at > len(op)})
             for layer in gdn:
                 for part in ("conv", "recurrent"):
-                    for mode in ("zero", "swap"):
-                        def edit(cache, layer=layer, part=part, mode=mode):
+                    for mode, src in sources.items():
+                        def edit(cache, layer=layer, part=part, src=src):
                             dst = _states(cache, layer, part)
-                            dst.zero_() if mode == "zero" else dst.copy_(_states(other, layer, part))
+                            dst.zero_() if src is None else dst.copy_(_states(src, layer, part))
                         changed = int(_rest(base, prompt + gold[:k], n, eos, edit) != clean)
-                        for key in (f"{part}_{mode}", f"layer{layer}_{part}", f"layer{layer}_{part}_{mode}"):
+                        keys = (f"{part}_{mode}", f"layer{layer}_{part}_{mode}") if mode == "swapother" \
+                            else (f"{part}_{mode}", f"layer{layer}_{part}", f"layer{layer}_{part}_{mode}")
+                        for key in keys:
                             by.setdefault(key, []).append(changed)
-    flat = [v for key, vs in by.items() if key.count("_") == 1 and not key.startswith("layer")
-            for v in vs]
-    return {"value_sensitivity_changed_fraction": sum(flat) / max(1, len(flat)),
-            "value_sensitivity_trials": len(flat), "value_sensitivity_prompts": len(trials),
-            "value_clean_rest_equals_gold": f"{clean_ok}/{len(trials)}",
-            "value_sensitivity_by": {key: f"{sum(v)}/{len(v)}" for key, v in sorted(by.items())}}
+
+    def grid(modes: tuple[str, ...]) -> list[int]:
+        return [v for part in ("conv", "recurrent") for mode in modes for v in by.get(f"{part}_{mode}", [])]
+
+    flat = grid(("zero", "swap"))
+    res = {"value_sensitivity_changed_fraction": sum(flat) / max(1, len(flat)),
+           "value_sensitivity_trials": len(flat), "value_sensitivity_prompts": len(trials),
+           "value_clean_rest_equals_gold": f"{clean_ok}/{len(trials)}",
+           "value_sensitivity_by": {key: f"{sum(v)}/{len(v)}" for key, v in sorted(by.items())
+                                    if not key.endswith("swapother")}}
+    if other_point:  # a separate measurement: zero + swap with another request at another point
+        alt = grid(("zero", "swapother"))
+        res |= {"value_sensitivity_other_point_changed_fraction": sum(alt) / max(1, len(alt)),
+                "value_sensitivity_other_point_trials": len(alt),
+                "value_sensitivity_other_point_swap_only": f"{sum(grid(('swapother',)))}/{len(grid(('swapother',)))}",
+                "value_sensitivity_other_point_by": {key: f"{sum(v)}/{len(v)}" for key, v in sorted(by.items())
+                                                     if key.endswith("swapother")},
+                "value_sensitivity_other_point_sources": points}
+    return res
