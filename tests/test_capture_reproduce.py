@@ -41,3 +41,4 @@ def test_planted_failure_still_fires_with_capture_on(tmp_path, engine_pool):
     report = perturbation_report(run)
     assert report["mode"] == "digest" and report["forced_sync"] is False
     assert report["forced_eager"] is False and report["measured_overhead"] is not None
+    assert report["emit"] == "background" and report["digest_graph"] == "off"  # the CPU defaults

@@ -45,7 +45,14 @@ PERTURBATION = {
     "in_step": "device ops enqueued after sample_tokens on the current stream; small index "
                "uploads and one packed result download through pinned memory; no "
                ".item()/.tolist()/synchronize",
-    "sync_points": ["flush()/close()/process exit: one wait on the last step's event"],
+    "sync_points": ["flush()/close()/process exit: one wait on the last step's event",
+                    "STATESCOPE_DIGEST_GRAPH=1 only: one wait per digest-column bucket, once per "
+                    "engine (the CUDA graph's bit-for-bit self-check)"],
+    "off_step_work": "emit 'idle' (the accelerator default): the flusher thread only appends "
+                     "finished steps to the run's spool while the engine steps; table rows are "
+                     "made when no step has started for 0.25 s, at defer_max_steps, or at close. "
+                     "emit 'background' (CPU default): the flusher makes them as steps finish "
+                     "(same GIL as the step)",
     "host_work_in_step": "Python bookkeeping per selected request; scalar-path pointer arrays "
                          "(already on the host) copied; on CPU the digest itself (a C kernel "
                          "reading each selected block once where it lies, GIL released; torch "

@@ -82,6 +82,7 @@ def perturbation_report(run: CaptureRun) -> dict:
             "enforce_eager_resolved": p.get("enforce_eager"),
             "async_scheduling_resolved": m.get("resolved", {}).get("async_scheduling"),
             "in_step": p.get("in_step"), "host_work_in_step": p.get("host_work_in_step"),
+            "emit": m.get("emit"), "digest_graph": m.get("digest_graph"),
             "measured_overhead": measured.get(mode), "measured_how": measured.get("how")}
 
 
