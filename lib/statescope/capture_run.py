@@ -283,7 +283,7 @@ class RunCapture(RunEmitter):
     def _digest_into(self, item: dict, states: list, blocks: np.ndarray) -> None:
         """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
         buffer (``statescope.digest_graph``: eager, or a graph replay when opted in; unpacked at
-        emit), else ``_digest_kinds`` as launched here."""
+        emit), else ``digest_kinds`` as launched here."""
         if self.step_digest is not None:
             res = self.step_digest.run(blocks, self.want_graph)
             status = self.step_digest.status(self.want_graph)
@@ -293,19 +293,9 @@ class RunCapture(RunEmitter):
                 item["digest_flat"], item["digest_layout"] = res[0], (res[1], res[2])
                 return
         idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
-        stats, checks, item["conv_row_checks"], item["conv_row_sums"] = self._digest_kinds(states, idx)
+        stats, checks, item["conv_row_checks"], item["conv_row_sums"] = digest_kinds(
+            self.digester, self.geoms[0], states, idx, reuse=not self.device_path)
         item["stats"], item["checksum"] = stats, checks
-
-    def _digest_kinds(self, states: list, idx: torch.Tensor) -> tuple:
-        """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums)
-        for block table ``idx`` (on the states' device), straight from the blocks where a kernel
-        applies: on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv
-        token rows included; host launch overhead is the cost there), on CPU the C kernel
-        (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
-        compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
-        buffers (no per-step allocation, no thread hand-off), the recurrent state chunk by chunk
-        (each chunk reduced while still in cache)."""
-        return digest_kinds(self.digester, self.geoms[0], states, idx, reuse=not self.device_path)
 
     def _pack(self, item: dict) -> None:
         """GPU: one pinned device->host copy for all of a step's small results (digests, accepted
@@ -404,10 +394,15 @@ class RunCapture(RunEmitter):
             self.spool.path.unlink(missing_ok=True)
 
 
-
 def digest_kinds(d: Digester, geom: Any, states: list, idx: torch.Tensor, reuse: bool) -> tuple:
-    """``RunCapture._digest_kinds`` without a run (the engine's ``StepDigest`` body calls it too):
-    ``geom`` is the first conv state's geometry, ``reuse`` keeps the torch path's buffers (CPU)."""
+    """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums) for
+    block table ``idx`` (on the states' device), straight from the blocks where a kernel applies:
+    on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
+    included; host launch overhead is the cost there), on CPU the C kernel
+    (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
+    compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
+    buffers (``reuse``: no per-step allocation), the recurrent state chunk by chunk. ``geom`` is
+    the first conv state's geometry. The step calls it, and the engine's ``StepDigest`` body."""
     conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
     conv = d.digest_device(conv_states, idx, with_rows=True,
                            token_axis=1 if geom.dim_rows else 0)
