@@ -2,6 +2,7 @@
 process leaves readable, and a run recovered from it has the rows a cleanly closed run has."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -96,6 +97,14 @@ def test_killed_run_recovers_the_rows_of_a_clean_close(trigger, tmp_path, monkey
         pa_, pb = (x[cols].sort_values(key).reset_index(drop=True) for x in (a, b))
         assert pa_.astype(str).equals(pb.astype(str)), table
     assert capture_spool.recover(crashed)["steps_emitted"] == 0  # idempotent
+    # killed after a part's tables were written but before the manifest recorded it: the spool
+    # still holds those steps; recovery must not add them twice
+    torn = shutil.copytree(crashed, tmp_path / "torn")
+    man = json.loads((torn / "manifest.json").read_text())
+    man.update(spool_emitted=0, status="running")
+    (torn / "manifest.json").write_text(json.dumps(man))
+    assert capture_spool.recover(torn)["steps_emitted"] == 0
+    assert len(CaptureRun(torn).steps()) == len(clean.steps())
 
 
 @pytest.mark.engine

@@ -125,7 +125,10 @@ def recover(run_dir: str | os.PathLike) -> dict:
     run = CaptureRun(run_dir)
     man = run.manifest
     done = int(man.get("spool_emitted") or 0)
-    pending = list(read_spool(run.path, done))
+    # a kill between writing a part's tables and the manifest that records it leaves those steps
+    # in both: the tables win (steps are numbered per run)
+    written = {int(x) for t in ("steps", "copies") for x in _table_steps(run, t)}
+    pending = [(off, it) for off, it in read_spool(run.path, done) if it["engine_step"] not in written]
     if not pending:
         return {"run": str(run.path), "steps_emitted": 0, "status": man.get("status")}
     from statescope.capture_emit import StandaloneEmitter
@@ -137,3 +140,9 @@ def recover(run_dir: str | os.PathLike) -> dict:
     status = man.get("status") if man.get("status") not in (None, "running") else "recovered"
     em.writer.close(status)
     return {"run": str(run.path), "steps_emitted": len(pending), "status": status}
+
+
+def _table_steps(run: Any, table: str) -> list:
+    frame = run.table(table)
+    return [] if frame is None or frame.empty or "engine_step" not in frame else frame["engine_step"].unique().tolist()
+
