@@ -100,6 +100,11 @@ def summarize(rows: list[dict], modes: tuple = MODES) -> dict:
         out[m] = {"median_tok_s": statistics.median(rates), "ratio_median": statistics.median(rates) / statistics.median(off),
                   "ratio_best": max(rates) / max(off), "paired_ratio_median": statistics.median(paired),
                   "paired_ratios": [round(x, 4) for x in paired]}
+        if m != "off" and len(paired) >= 6:  # order-statistic interval of the paired median
+            from statescope.stats import median_interval
+
+            lo, hi, cov = median_interval(paired)
+            out[m]["paired_ratio_ci"] = {"lo": round(lo, 4), "hi": round(hi, 4), "coverage": round(cov, 4)}
         closes = [r["close_s"] for r in rs if r.get("close_s") is not None]
         if closes:
             out[m]["close_s_median"] = statistics.median(closes)
@@ -190,8 +195,28 @@ def same_digests(rows: list[dict]) -> dict | None:
             "identical": int((both["graph"] == both["eager"]).sum())}
 
 
+def gui_prompts(vocab: int, groups: int = 4, per_group: int = 8, prefix: int = 2048, suffix: int = 384,
+                seed: int = 11) -> list[list[int]]:
+    """The workbook's shape at random tokens: ``groups`` agents, each with ``per_group`` steps that
+    share a ``prefix``-token history and differ in a ``suffix``-token observation (long prompts,
+    prefix-cache hits, short answers)."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(groups):
+        head = [rng.randrange(0, vocab - 8) for _ in range(prefix)]
+        out += [head + [rng.randrange(0, vocab - 8) for _ in range(suffix)] for _ in range(per_group)]
+    return out
+
+
 def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: float,
-               cpu: bool = False, modes: tuple = MODES) -> dict:
+               cpu: bool = False, modes: tuple = MODES, workloads: tuple = ("decode",),
+               gui_max_tokens: int = 64) -> dict:
+    """``workloads``: "decode" (32 one-block prompts, ``max_tokens`` each: short steps, the worst
+    case for a per-step cost) and/or "gui" (``gui_prompts``: 32 prompts of 2,432 tokens in 4 shared
+    -prefix groups, ``gui_max_tokens`` each). The first workload's results stay at the top level
+    (as before); every workload's are under ``workloads``."""
     import gpu_e2e as script
     from statescope import gpu_e2e
 
@@ -199,18 +224,32 @@ def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: fl
     try:
         vocab = runner.engine.llm.get_tokenizer().vocab_size
         bs = int(res["resolved"].get("mamba_block_size") or res["resolved"].get("block_size"))
-        prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
-        for mode in modes:  # warm-up round per mode (Triton compile, pinned pools, graphs)
-            timed_round(runner, prompts, mode, f"warm-{mode}", max_tokens)
-        rows = []
-        for r in range(rounds):
-            if time.time() > deadline - 60:
-                res["stopped_early_after_rounds"] = r
-                break
-            for mode in modes:
-                rows.append(dict(timed_round(runner, prompts, mode, f"{mode}{r}", max_tokens), round=r))
-        res.update(rows=rows, summary=summarize(rows, modes), prompts=len(prompts), max_tokens=max_tokens,
-                   graph_vs_eager=same_digests(rows))
+        res["workloads"] = {}
+        for i, wl in enumerate(workloads):
+            wl_deadline = time.time() + (deadline - time.time()) / (len(workloads) - i)  # a fair share
+            if wl == "gui":
+                prompts = gui_prompts(vocab, **({"prefix": 96, "suffix": 32} if cpu else {}))
+                mt = max_tokens if cpu else gui_max_tokens
+            else:
+                prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
+                mt = max_tokens
+            for mode in modes:  # warm-up round per mode (Triton compile, pinned pools, graphs)
+                timed_round(runner, prompts, mode, f"warm-{wl}-{mode}", mt)
+            rows = []
+            for r in range(rounds):
+                if time.time() > wl_deadline - (60 if wl == workloads[-1] else 10):
+                    res["workloads"].setdefault(wl, {})["stopped_early_after_rounds"] = r
+                    break
+                for mode in modes:
+                    rows.append(dict(timed_round(runner, prompts, mode, f"{wl}-{mode}{r}", mt), round=r))
+            part = dict(rows=rows, summary=summarize(rows, modes), prompts=len(prompts),
+                        prompt_tokens=sorted({len(p) for p in prompts}), max_tokens=mt,
+                        graph_vs_eager=same_digests(rows))
+            res["workloads"].setdefault(wl, {}).update(part)
+            if wl == workloads[0]:
+                res.update(part)
+            print(name, wl, json.dumps({m: {k: v for k, v in s.items() if k not in ("by_name_ms_per_step", "paired_ratios")}
+                                        for m, s in part["summary"].items()}), flush=True)
         if time.time() < deadline - 40:
             res["profile"] = profile_round(runner, prompts, max_tokens)
         if time.time() < deadline - 30 and not cpu:  # sync debug mode is CUDA's
@@ -230,6 +269,7 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=540)
     p.add_argument("--cpu", action="store_true", help="shake-out on the CPU build (a 4-layer hybrid)")
     p.add_argument("--modes", default=",".join(MODES), help=f"subset of {MODES} (off first)")
+    p.add_argument("--workloads", default="decode", help="decode and/or gui (see probe_size)")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
     if modes[0] != "off" or not set(modes) <= set(MODES):
@@ -247,7 +287,7 @@ def main() -> int:
         t0 = time.time()
         try:
             results[name] = probe_size(name, script.LARGE_SIZES[name], a.rounds, a.max_tokens, deadline,
-                                        cpu=a.cpu, modes=modes)
+                                        cpu=a.cpu, modes=modes, workloads=tuple(a.workloads.split(",")))
         except Exception:
             results[name] = {"error": traceback.format_exc()[-3000:]}
         results[name]["wall_s"] = time.time() - t0

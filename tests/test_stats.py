@@ -281,3 +281,14 @@ def test_sequential_decision_replays_units_in_order():
     bad = clean[:3] + [{"episode": "x", "step": 0, "failed": True, "lifetime": 0}] + clean[3:]
     seq = sequential_decision(bad, "episode")
     assert seq["decision"] == "accept_h1" and seq["units_used"] == 4 and seq["failures"] == 1
+
+
+def test_median_interval_order_statistics():
+    from statescope.stats import median_interval
+
+    lo, hi, cov = median_interval(list(range(1, 11)))  # n=10: [x_(2), x_(9)], 97.9 %
+    assert (lo, hi) == (2.0, 9.0) and abs(cov - 0.978515625) < 1e-9
+    lo, hi, cov = median_interval([5, 1, 4, 2, 3, 6])  # n=6: only min..max, 96.9 %
+    assert (lo, hi) == (1.0, 6.0) and cov > 0.95
+    with pytest.raises(InputError, match="5 values"):
+        median_interval([1, 2, 3, 4, 5])

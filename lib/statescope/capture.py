@@ -46,8 +46,9 @@ PERTURBATION = {
                "uploads and one packed result download through pinned memory; no "
                ".item()/.tolist()/synchronize",
     "sync_points": ["flush()/close()/process exit: one wait on the last step's event",
-                    "STATESCOPE_DIGEST_GRAPH=1 only: one wait per digest-column bucket, once per "
-                    "engine (the CUDA graph's bit-for-bit self-check)"],
+                    "CUDA-graph digest (the CUDA default; STATESCOPE_DIGEST_GRAPH=0 turns it "
+                    "off): one wait per digest-column bucket, once per engine (the graph's "
+                    "bit-for-bit self-check)"],
     "off_step_work": "emit 'idle' (the accelerator default): the flusher thread only appends "
                      "finished steps to the run's spool while the engine steps; table rows are "
                      "made when no step has started for 0.25 s, at defer_max_steps, or at close. "

@@ -105,10 +105,10 @@ class RunCapture(RunEmitter):
         # (the digest numbers still come from the C kernel there: one implementation per host).
         self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
         self.digester = Digester(spec.projections, spec.digest_seed)
-        # CUDA: both kinds' digests into one buffer per step, as a graph replay where
-        # STATESCOPE_DIGEST_GRAPH=1 (statescope.digest_graph), else launched eagerly
+        # CUDA: both kinds' digests into one buffer per step, as a graph replay (the default;
+        # STATESCOPE_DIGEST_GRAPH=0 launches them eagerly: statescope.digest_graph)
         self.step_digest = None
-        self.want_graph = os.environ.get(ENV_GRAPH, "0") == "1"
+        self.want_graph = os.environ.get(ENV_GRAPH, "1") != "0"  # CUDA only (StepDigest.graphs_on)
         if self.device.type == "cuda" or (self.device_path and STEP_DIGEST_ON_CPU):
             self.step_digest = _engine_step_digest(runner, self.layers, self.geoms[0], spec,
                                                    self.device, self.device_path)
@@ -263,24 +263,24 @@ class RunCapture(RunEmitter):
                                step.launches, "block_ids": block_ids,
                                "batch": sorted(live, key=index.get)}
         if sel:
-            states = self._states(runner)
             blocks = np.asarray(columns, dtype=np.int64)[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
-            self._digest_into(out, states, blocks)
+            self._digest_into(out, runner, blocks)
             rows = None
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
                 if counts is not None:
                     if rows is None:
                         rows = host_to_device(torch.tensor([index[r] for r in sel]), counts.device)
                     out[key] = counts.index_select(0, rows)
-            out["snaps"] = self._snapshots(states, blocks[:, running_pos], metas)
+            if self.spec.mode == "full":  # the only mode with snapshots (``wants_snapshot``)
+                out["snaps"] = self._snapshots(self._states(runner), blocks[:, running_pos], metas)
         if self.device_path:
             self._pack(out)
         out["fence"] = Fence(self.device)
         with self.lock:
             self.pending.append(out)
 
-    def _digest_into(self, item: dict, states: list, blocks: np.ndarray) -> None:
+    def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray) -> None:
         """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
         buffer (``statescope.digest_graph``: eager, or a graph replay when opted in; unpacked at
         emit), else ``digest_kinds`` as launched here."""
@@ -294,7 +294,7 @@ class RunCapture(RunEmitter):
                 return
         idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
         stats, checks, item["conv_row_checks"], item["conv_row_sums"] = digest_kinds(
-            self.digester, self.geoms[0], states, idx, reuse=not self.device_path)
+            self.digester, self.geoms[0], self._states(runner), idx, reuse=not self.device_path)
         item["stats"], item["checksum"] = stats, checks
 
     def _pack(self, item: dict) -> None:
@@ -346,8 +346,7 @@ class RunCapture(RunEmitter):
             for item in done:
                 item["fence"].wait()
         if self.spool is not None:  # deferred: spool now (cheap), rows when the engine idles
-            for item in done:
-                self.spool.append(item)
+            self.spool.append_many(done)
             self.deferred += done
             if not (force or self.deferred and (self.idle()
                                                 or len(self.deferred) >= self.spec.defer_max_steps)):

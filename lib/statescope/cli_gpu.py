@@ -4,7 +4,8 @@ What it does: for a results folder written by ``gpu_results.collect`` (default: 
 ``data/results/gpu/e2e_round3/``) it recomputes the trigger-vs-control verdicts from the records
 and lists the trigger's departed requests against the async-off control; for round 3 it adds the
 factor check; for round 4 (``e2e_round4``: the trigger with and without the ``accept_sync`` patch)
-the patched-vs-unpatched verdicts against round 3's controls. Exit status 1 when a verdict says "corruption detected" (so a script can branch on
+the patched-vs-unpatched verdicts against round 3's controls; for round 5's capture-overhead
+probes (``overhead_round5``) the throughput ratios and the goal check (``statescope.gpu_round5``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
 it), 0 otherwise, 2 for a folder that is not a results folder.
 
 What it deliberately does not do: run anything (``statescope reproduce`` runs arms), or read the
@@ -46,7 +47,12 @@ def gpu_results_command(args: Any) -> int:
     from statescope import gpu_round3
     from statescope.stats import CORRUPTION_DETECTED
 
-    rep = gpu_results_report(Path(args.dir) if args.dir else gpu_round3.R3_DIR)
+    d = Path(args.dir) if args.dir else gpu_round3.R3_DIR
+    from statescope import gpu_round5
+
+    if (d / gpu_round5.PROBES[0]).is_file():  # round 5's capture-overhead probes: no verdicts
+        return overhead_command(d, args.json)
+    rep = gpu_results_report(d)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
     else:
@@ -73,10 +79,28 @@ def gpu_results_command(args: Any) -> int:
     return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
 
 
+def overhead_command(d: Path, as_json: bool) -> int:
+    """Round 5's probes: throughput ratios with intervals and the goal check (exit 0)."""
+    from statescope import gpu_round5
+
+    rep = {"dir": str(d), "rows": gpu_round5.overhead_rows(d), "goal": gpu_round5.goal_check(d)}
+    if as_json:
+        print(json.dumps(rep, indent=2))
+    else:
+        import pandas as pd
+
+        print(f"{d}: capture overhead, 6.7 B random hybrid (ratios to capture off, paired by round)")
+        print(pd.DataFrame(rep["rows"]).to_string(index=False))
+        print("\ngoal (digest mode >= 0.97 of capture off, the whole interval):")
+        print(pd.DataFrame(rep["goal"]).to_string(index=False))
+    return 0
+
+
 def add_gpu_results_subcommand(subparsers: Any) -> None:
     p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
                                                   "(exit 1 if corruption was detected)")
     p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3; "
-                                          "data/results/gpu/e2e_round4 for the accept_sync patch)")
+                                          "data/results/gpu/e2e_round4 for the accept_sync patch, "
+                                          "data/results/gpu/overhead_round5 for the capture's cost)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=gpu_results_command)

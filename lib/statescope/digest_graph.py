@@ -16,12 +16,14 @@ once and compared bit for bit with the eager result — one host synchronization
 the engine's life (the ``StepDigest`` lives on the model runner, across capture runs). Any failure
 or mismatch turns graphs off for good (``status`` says why) and the eager path is used.
 
-Opt-in (``STATESCOPE_DIGEST_GRAPH=1``), measured on the H200 (round 4,
-``data/results/gpu/overhead_round4/``): the replayed digests equal the eager ones on 184,464 and
-245,952 rows, but built per capture run then, in runs of ~165 steps the builds' synchronizations
-(three buckets per run, each waiting for the GPU's queue) cost more host time than the replays
-saved (2.5 / 6.9 ms per step in the step's hooks vs 1.6 eager). Graphs are now built once per
-engine; until that is measured the eager path stays the default.
+The default on CUDA (``STATESCOPE_DIGEST_GRAPH=0`` turns it off), measured on the H200: round 4
+(``data/results/gpu/overhead_round4/``) built the graphs once per capture run, and in runs of ~165
+steps their synchronizing self-checks cost more host time than the replays saved (2.5 / 6.9 ms per
+step in the step's hooks vs 1.6 eager), so graphs were opt-in; built once per engine (round 5,
+``data/results/gpu/overhead_round5/``) the capture's host time per step fell from 1.54-1.64 ms
+(eager) to 1.00-1.20 ms at 6.7 B, the replayed digests equal to the eager ones on all 245,952 rows
+of one comparison (245,944 of another, not investigated), and the throughput ratio rose from
+0.91-0.94 to 0.94-0.97 (paired medians).
 
 ``run(blocks, graphs=False)`` runs the same padded body eagerly (the default; CPU tests of the
 padding, layout and slicing; the fallback).
@@ -41,7 +43,7 @@ import torch
 from statescope.digest import host_to_device, pack
 
 log = logging.getLogger("statescope.digest")
-ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "1": record graphs (opt-in, see the docstring)
+ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "0": launch the digest eagerly (graphs are the default)
 MIN_BUCKET, MAX_BUCKET = 8, 1024
 
 

@@ -53,6 +53,27 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def median_interval(values: list[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free interval for a median from order statistics: ``(lo, hi, coverage)`` with
+    ``lo``/``hi`` the k-th smallest/largest value for the largest k whose exact binomial coverage
+    is still >= ``conf`` (the coverage reached is returned; it is above ``conf``, never below). Used
+    for paired throughput ratios, where no noise model is credible. Needs at least 6 values for
+    95 % (with fewer, even min..max covers less)."""
+    _check_prob(conf, "median_interval conf")
+    x = sorted(float(v) for v in values)
+    n = len(x)
+    best = None
+    for k in range(1, n // 2 + 1):  # [x_(k), x_(n-k+1)] covers the median w.p. 1 - 2 P(B <= k-1)
+        coverage = 1 - 2 * float(_st.binom.cdf(k - 1, n, 0.5))
+        if coverage < conf:
+            break
+        best = (x[k - 1], x[n - k], coverage)
+    if best is None:
+        raise InputError(f"median_interval: {n} values cannot give {conf:.0%} coverage "
+                         f"(min..max covers {1 - 2 * 0.5 ** n:.1%}); expected more values")
+    return best
+
+
 def _fisher(k1: int, n1: int, k2: int, n2: int, alternative: str) -> float:
     _check_counts(k1, n1, "fisher arm 1")
     _check_counts(k2, n2, "fisher arm 2")
