@@ -24,7 +24,10 @@ What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it
 from ``--value-alphabet`` words; recorded in DIR/guilang_variant.json, which ``--eval-only`` and
 ``statescope.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid;
 ``--value-sens-other-point`` also swaps in another request's state at a random *other* token
-(reported separately, ``value_sensitivity_other_point_*``).
+(reported separately, ``value_sensitivity_other_point_*``). ``--attn-window W
+[--attn-window-frac p]`` hides keys W or more tokens back from the attention layer in (a fraction p
+of) the guilang training samples (``tm.far_key_mask``), so far information must pass through the
+GDN state; the copy warm-up, the MTP phase and every evaluation run full attention.
 All new flags default to off: the default run writes the same model as before.
 """
 from __future__ import annotations
@@ -75,7 +78,8 @@ def train_loop(params, loss_fn, steps: int, lr: float, log, tag: str, probe=None
 def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr: float,
           context_weight: float, device: str = "cpu", probe_every: bool = False, warmup: int = 150,
           attention_layer: int = 3, variant: dict | None = None, warmup_alphabet: int = 0,
-          gdn_dt: float = 0.0, gdn_dt_layers: list[float] | None = None) -> dict:
+          gdn_dt: float = 0.0, gdn_dt_layers: list[float] | None = None, attn_window: int = 0,
+          attn_window_frac: float = 1.0) -> dict:
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "train_log.jsonl").open("w")
@@ -113,7 +117,16 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
         else:
             ids, w, _ = tiny_data.batch(tok, s - warmup, base_steps - warmup, seed, budget, context_weight,
                                         variant)
+            if attn_window:  # opt-in far-key masking, guilang steps only (evaluation: full attention)
+                return tm.base_loss(base, ids.to(device), w.to(device), window_mask(s, ids.shape))
         return tm.base_loss(base, ids.to(device), w.to(device))
+
+    def window_mask(s: int, shape) -> torch.Tensor:
+        rows = None  # every sample windowed; else a seeded draw per sample (global rng untouched)
+        if attn_window_frac < 1:
+            g = torch.Generator().manual_seed(seed * 7919 + 3_000_000 + s)
+            rows = torch.rand(shape[0], generator=g) < attn_window_frac
+        return tm.far_key_mask(shape[1], attn_window, rows, device=device)
 
     probe = (lambda: teacher_forced(base, tok, 12, device, variant)) if probe_every else None
     train_loop(list(base.parameters()), base_step, base_steps, lr, log, "base", probe)
@@ -149,6 +162,8 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
         note += f" gdn_dt={gdn_dt}"
     if gdn_dt_layers:
         note += f" gdn_dt_layers={','.join(map(str, gdn_dt_layers))}"
+    if attn_window:
+        note += f" attn_window={attn_window} attn_window_frac={attn_window_frac}"
     tm.save_model_dir(out, cfg, base.cpu(), mtp.cpu(), tok, note)
     guilang_seq.write_variant(out, variant)
     log({"phase": "done", "base_s": round(base_s, 1), "total_s": round(total_s, 1)})
@@ -159,7 +174,8 @@ def train(out: Path, seed: int, base_steps: int, mtp_steps: int, budget: int, lr
             "threads": torch.get_num_threads(), **({"variant": variant, "warmup_alphabet": warmup_alphabet,
                                                     "gdn_dt": gdn_dt}
                                                    if variant or warmup_alphabet or gdn_dt else {}),
-            **({"gdn_dt_layers": gdn_dt_layers} if gdn_dt_layers else {})}
+            **({"gdn_dt_layers": gdn_dt_layers} if gdn_dt_layers else {}),
+            **({"attn_window": attn_window, "attn_window_frac": attn_window_frac} if attn_window else {})}
 
 
 def teacher_forced(base, tok, n_episodes: int, device: str = "cpu", variant: dict | None = None) -> dict:
@@ -361,6 +377,11 @@ def main() -> None:
                     help="opt-in: init every GDN dt_bias to softplus^-1(X) (slow decay, e.g. 0.01)")
     ap.add_argument("--gdn-dt-layers", default="",
                     help="opt-in: per-GDN-layer --gdn-dt, comma-separated (0 = default init), e.g. 0.001,0,0")
+    ap.add_argument("--attn-window", type=int, default=0,
+                    help="opt-in: in guilang training steps the attention layer sees only keys s with "
+                         "t-W < s <= t (far-key masking; evaluation always uses full attention)")
+    ap.add_argument("--attn-window-frac", type=float, default=1.0,
+                    help="opt-in: fraction of training samples that get --attn-window (the rest full)")
     ap.add_argument("--value-sens-prompts", type=int, default=0,
                     help="opt-in: prompts of the mid-value sensitivity grid (sequence-value models)")
     ap.add_argument("--value-sens-other-point", action="store_true",
@@ -381,7 +402,8 @@ def main() -> None:
                                      args.copy_warmup, args.attention_layer,
                                      guilang_seq.variant(args.value_words, args.value_alphabet, args.value_runs),
                                      args.warmup_alphabet, args.gdn_dt,
-                                     [float(x) for x in args.gdn_dt_layers.split(",")] if args.gdn_dt_layers else None)}
+                                     [float(x) for x in args.gdn_dt_layers.split(",")] if args.gdn_dt_layers else None,
+                                     args.attn_window, args.attn_window_frac)}
         metrics_file.write_text(json.dumps(metrics, indent=1))
     if args.no_eval:
         return

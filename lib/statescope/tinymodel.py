@@ -120,11 +120,38 @@ def token_weights(answer: torch.Tensor, valid: torch.Tensor,
     return torch.where(answer, ANSWER_WEIGHT, context_weight) * valid
 
 
-def base_loss(model, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def base_loss(model, ids: torch.Tensor, weights: torch.Tensor,
+              attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token loss; ``weights[b, t]`` weighs predicting ``ids[b, t]``. Right padding needs no
-    attention mask: the model is causal and padded targets have weight 0."""
-    logits = model(input_ids=ids).logits
+    attention mask: the model is causal and padded targets have weight 0. ``attn_mask`` (opt-in,
+    ``far_key_mask``) is given to the full-attention layer only; None runs the model as before."""
+    if attn_mask is None:
+        logits = model(input_ids=ids).logits
+    else:  # transformers' Qwen3.5 takes a per-layer-type mask dict; GDN layers get no mask
+        logits = model(input_ids=ids, attention_mask={"full_attention": attn_mask,
+                                                      "linear_attention": None}).logits
     return weighted_ce(logits[:, :-1], ids[:, 1:], weights[:, 1:])
+
+
+def far_key_mask(t: int, window: int, rows: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Opt-in training mask hiding far keys from the attention layer (the far-key-masking attempt).
+
+    Additive mask [B or 1, 1, t, t]: 0 where query position q may see key s, -inf elsewhere. A
+    windowed row sees s with q - window < s <= q; ``rows`` (bool [B]) says which samples are
+    windowed (the rest see every s <= q, plain causal); None windows all. Why: the one attention
+    layer copies everything the answer needs straight from its KV cache, so the GDN state is
+    redundant; without far keys, what the answer needs from farther back must travel through the
+    GDN state. Inference (vLLM and ``evaluate``) always runs full causal attention."""
+    if window < 1:
+        raise ValueError(f"window={window}: expected >= 1")
+    q = torch.arange(t, device=device)[:, None]
+    k = torch.arange(t, device=device)[None, :]
+    causal = k <= q
+    allowed = (causal & (q - k < window))[None, None]
+    if rows is not None:
+        allowed = torch.where(rows.to(device)[:, None, None, None], allowed, causal[None, None])
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
 
 
 # ----------------------------------------------------------------------------- MTP head
