@@ -272,6 +272,8 @@ def main() -> int:
     p.add_argument("--workloads", default="decode", help="decode and/or gui (see probe_size)")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
+    if not set(a.workloads.split(",")) <= {"decode", "gui"}:
+        p.error(f"--workloads: expected decode and/or gui, got {a.workloads!r}")
     if modes[0] != "off" or not set(modes) <= set(MODES):
         p.error(f"--modes: expected 'off' first, then any of {MODES}")
     import gpu_e2e as script

@@ -282,8 +282,8 @@ class RunCapture(RunEmitter):
 
     def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray) -> None:
         """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
-        buffer (``statescope.digest_graph``: eager, or a graph replay when opted in; unpacked at
-        emit), else ``digest_kinds`` as launched here."""
+        buffer (``statescope.digest_graph``: a graph replay, or eager where graphs are off or
+        failed; unpacked at emit), else ``digest_kinds`` as launched here."""
         if self.step_digest is not None:
             res = self.step_digest.run(blocks, self.want_graph)
             status = self.step_digest.status(self.want_graph)
