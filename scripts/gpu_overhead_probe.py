@@ -83,8 +83,15 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
         if dirs:
             from statescope.capture_store import CaptureRun
 
-            man = CaptureRun(dirs[-1]).manifest
+            run = CaptureRun(dirs[-1])
+            man = run.manifest
             row["engine_steps"], row["digest_kernel"] = man.get("engine_steps"), man.get("digest_kernel")
+            # the capture really ran (the probe runs with hook errors non-fatal): status, rows
+            row.update(status=man.get("status"), hook_errors=int(man.get("error_count") or 0),
+                       block_table_source=man.get("block_table_source"))
+            if mode != "hooks":
+                digests = run.digests()
+                row["digest_rows"] = 0 if digests is None else len(digests)
             row.update(digest_graph=man.get("digest_graph"), emit=man.get("emit"),
                        emit_ms_total=man.get("emit_ms_total"), run_dir=str(dirs[-1]))
     return row
@@ -138,9 +145,20 @@ def profile_round(runner, prompts: list, max_tokens: int) -> list[dict]:
         if "statescope" in fname:
             rows.append({"fn": f"{Path(fname).name}:{line}:{func}", "calls": nc, "own_ms": round(tt * 1e3, 2),
                          "cum_ms": round(ct * 1e3, 2)})
+    # what statescope's code calls outside itself (torch's CUDA ops, numpy, pickle): own time
+    # spent on behalf of a statescope caller, per callee (cProfile keeps it per caller)
+    for (fname, line, func), (cc, nc, tt, ct, callers) in st.stats.items():
+        if "statescope" in fname:
+            continue
+        mine = [v for (cf, _, _), v in callers.items() if "statescope" in cf  # the capture's code,
+                and not cf.endswith(("capture_hooks.py", "runners.py", "engine.py"))]  # not vLLM under it
+        if mine:
+            rows.append({"fn": f"{Path(fname).name}:{line}:{func}", "calls": sum(v[1] for v in mine),
+                         "own_ms": round(sum(v[2] for v in mine) * 1e3, 2),
+                         "cum_ms": round(sum(v[3] for v in mine) * 1e3, 2), "called_by_statescope": True})
     rows.sort(key=lambda r: -r["own_ms"])
     total = sum(v[2] for v in st.stats.values())
-    return [{"profile_total_own_s": round(total, 3)}] + rows[:40]
+    return [{"profile_total_own_s": round(total, 3)}] + rows[:60]
 
 
 def sync_round(runner, prompts: list, max_tokens: int) -> dict:

@@ -191,13 +191,16 @@ def _capture(engine, tmp_path, name, prompts=None, max_tokens=24, **spec):
 
 @pytest.mark.engine
 def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatch):
-    from statescope import capture_run
+    from statescope import capture_facts, capture_run
 
     a, _ = _capture(trigger, tmp_path, "a")
     # run b takes the accelerator path on CPU (reduce in the step, one packed copy per step)
     # and also digests the draft columns: neither may change the running column's digests
     monkeypatch.setattr(capture_run, "DEVICE_PATH_ON_CPU", True)
+    # ... and checks the input batch's block tables against the requests' on every step
+    monkeypatch.setattr(capture_facts, "CHECK_STEPS", 10**9)
     b, _ = _capture(trigger, tmp_path, "b", draft_columns=True)
+    assert a.manifest["block_table_source"] == b.manifest["block_table_source"] == "input_batch"
     diff = digest_diff(a, b)
     running_b = b.digests()[b.digests()["column_offset"] == 0]
     assert len(diff) == len(a.digests()) == len(running_b) > 0

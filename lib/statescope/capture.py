@@ -197,7 +197,7 @@ class Recorder:
         cols = [bound[k][:n] for k in _FUSED_ARGS[kind][1:]]
         same = len({c.dtype for c in cols}) == 1
         data = torch.stack(cols if same else [c.to(torch.int64) for c in cols], 1)
-        run.note_used(data[:, 0], copied=True)
+        run.note_used(None)  # column 0 of ``data``: taken from the launch at emit
         run.open_launch(kind, data, block_size=int(ctx.block_size))
 
     def launch_done(self) -> None:

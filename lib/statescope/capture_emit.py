@@ -18,12 +18,20 @@ from typing import Any
 
 import torch
 
-from statescope import census, census_decode as cd
+from statescope import capture_facts as cf, census, census_decode as cd
 from statescope.digest import unpack
 from statescope.digest_graph import unflatten
 from statescope.errors import InputError
 
 KINDS = ("conv", "ssm")
+
+
+def _rows_of(counts: Any, metas: list) -> list | None:
+    """The selected requests' entries of a per-batch-row count tensor (None where absent)."""
+    if counts is None:
+        return None
+    values = counts.tolist()
+    return [values[m["batch_row"]] if m["batch_row"] < len(values) else None for m in metas]
 
 
 class RunEmitter:
@@ -41,22 +49,27 @@ class RunEmitter:
             layout, columns = item.pop("digest_layout")
             (item["stats"], item["checksum"], item["conv_row_checks"],
              item["conv_row_sums"]) = unflatten(item.pop("digest_flat"), layout, columns)
+        if item.pop("used_in_launch", False):  # the counts the post-process read: its column 0
+            staged = [ln for ln in item["launches"] if ln.block_size is not None]
+            item["used"] = staged[-1].data[:, 0].clone() if staged else None
         for launch in item["launches"]:
             if launch.block_size is not None:  # post-process inputs staged in the step: decide now
                 launch.data = torch.from_numpy(cd.postprocess_decisions_np(launch.data.numpy(),
                                                                            launch.block_size))
                 launch.block_size = None
+        cf.expand(item, self.groups)  # per-request metas and block lists from the compact record
         metas, es = item["metas"], item["engine_step"]
-        acc, used = item.get("accepted"), item.get("used")
+        acc, used = (_rows_of(item.get(k), metas) for k in ("accepted", "used"))
         resets = self._window_resets(item)
         for r, meta in enumerate(metas):
             meta.setdefault("snapshot", False)
-            meta["accepted"] = int(acc[r]) if acc is not None else None
+            meta["accepted"] = acc[r] if acc is not None else None
             meta["num_accepted_sampled"] = meta["accepted"]
-            meta["num_accepted_used"] = int(used[r]) if used is not None else None
+            meta["num_accepted_used"] = used[r] if used is not None else None
             # first live row of the running block's conv window for the next read
             reset = resets.get(meta["req_id"], False)
-            meta["conv_live_offset"] = 0 if reset or acc is None else max(0, int(acc[r]) - 1)
+            meta["conv_live_offset"] = (0 if reset or meta["accepted"] is None
+                                        else max(0, meta["accepted"] - 1))
         self.writer.add_rows("steps", metas)
         if metas:
             self._emit_digests(item, metas, es)

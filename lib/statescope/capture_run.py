@@ -5,10 +5,12 @@ What it does, in the step (called from ``statescope.capture_hooks`` through the 
 and draft tokens, the prefix-cache hit of a newly scheduled request); the copy hooks note each
 copy launch (scalar: the host pointer arrays; fused: the launch's decision inputs, copied on the
 device; for the post-process also the accepted counts it is given, ``note_used``);
-``note_sampled`` counts accepted tokens per row on the device; ``end_step`` gathers the
-selected requests' running blocks, digests them (``statescope.digest``), takes the snapshots the
-spec asks for, starts the device->host copies and records a ``Fence``. Nothing in the step reads
-a device value on the host. Digested per (layer, request): the running column and, with
+``note_sampled`` counts accepted tokens per row on the device; ``end_step`` reads the selected
+requests' running blocks from the input batch's block tables (``statescope.capture_facts``: a
+compact record of numpy arrays; the per-request rows are made at emit), digests them
+(``statescope.digest``), takes the snapshots the spec asks for, starts the device->host copies
+(whole per-row count tensors: the selected rows are picked at emit) and records a ``Fence``.
+Nothing in the step reads a device value on the host. Digested per (layer, request): the running column and, with
 ``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
 all in one call per state kind over all layers and columns. On a CPU build the digest runs in
 the step, straight from the blocks (``Digester.digest_in_place``, one pass, no gather; the torch
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from statescope import census_decode as cd
+from statescope import capture_facts as cf, census_decode as cd
 from statescope.capture_adapters import mamba_groups
 from statescope.capture_emit import KINDS, RunEmitter
 from statescope.capture_spool import IDLE_S, Spool
@@ -50,6 +52,7 @@ from statescope.digest_graph import ENV_GRAPH, StepDigest
 PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 STEP_DIGEST_ON_CPU = False  # tests: the CUDA path's padded one-buffer digest (eagerly) on CPU
+USED_IN_LAUNCH = "in launch"  # ``_Step.used``: the post-process launch's staged column 0
 
 
 @dataclass
@@ -67,20 +70,10 @@ class _Step:
     engine_step: int
     sched: dict  # req_id -> dict of schedule-time facts
     accepted: torch.Tensor | None = None  # per batch row: sampled by the rejection sampler
-    used: torch.Tensor | None = None  # per batch row: what the post-process kernel was given
+    used: Any = None  # per batch row: what the post-process kernel was given (or USED_IN_LAUNCH)
     launches: list = field(default_factory=list)
     current: _Launch | None = None
     scalar_owners: dict = field(default_factory=dict)
-
-
-def _running_col(runner: Any, req_id: str, blocks: list, facts: dict, bs: int) -> int:
-    idx = getattr(runner, "mamba_state_idx", None)
-    if idx is not None and req_id in idx and runner.cache_config.mamba_cache_mode == "align":
-        return int(idx[req_id])
-    if len(blocks) <= 1:
-        return 0
-    end = facts["num_computed_tokens"] + facts["num_scheduled_tokens"]
-    return min(len(blocks) - 1, max(0, -(-end // bs) - 1))
 
 
 class RunCapture(RunEmitter):
@@ -138,6 +131,7 @@ class RunCapture(RunEmitter):
         self.step: _Step | None = None
         self.engine_step = 0
         self.reqs: dict[str, dict] = {}
+        self.table_source = cf.TableSource()  # block tables: input batch (checked) or requests
         self._tokenizer: Any = None
         self.snap_reserved = 0
         self.skipped = 0
@@ -185,11 +179,13 @@ class RunCapture(RunEmitter):
         if self.step is not None:
             self.step.accepted = (output_token_ids != -1).sum(1)
 
-    def note_used(self, num_accepted: torch.Tensor, copied: bool = False) -> None:
+    def note_used(self, num_accepted: torch.Tensor | None, copied: bool = False) -> None:
         """The accepted counts a state-update launch reads (cloned before the launch: the kernel
-        may rewrite them in place; ``copied``: the caller's tensor already is such a copy)."""
+        may rewrite them in place; ``copied``: the caller's tensor already is such a copy; None:
+        they are column 0 of the post-process launch's staged inputs, read from there at emit)."""
         if self.step is not None:
-            self.step.used = num_accepted if copied else num_accepted.to(torch.int64, copy=True)
+            self.step.used = (USED_IN_LAUNCH if num_accepted is None else num_accepted if copied
+                              else num_accepted.to(torch.int64, copy=True))
 
     def scalar_meta(self, before: int, after: int, owner: dict) -> None:
         if self.step is not None:
@@ -225,60 +221,72 @@ class RunCapture(RunEmitter):
         return info
 
     def end_step(self, runner: Any) -> None:
+        """The step's compact record (``statescope.capture_facts``: numpy arrays, no per-request
+        dicts) and its digests, counts and copies started on the device."""
         step, self.step = self.step, None
         if step is None or not step.sched:
             return
         index = runner.input_batch.req_id_to_index
         requests = runner.requests
-        live = [rid for rid in step.sched if rid in index and rid in requests]
-        sel = sorted((rid for rid in live if self._selected(runner, rid)["selected"]), key=index.get)
-        mamba = self.group_set  # only Mamba groups' tables are needed (census decode, rows)
-        block_ids = {}
-        for rid in (live if step.launches else sel):
-            bids = requests[rid].block_ids
-            block_ids[rid] = tuple(list(b) if g in mamba else None for g, b in enumerate(bids))
-        metas, columns, digest_rows, running_pos = [], [], [], []
-        for r, rid in enumerate(sel):
-            info, facts = self.reqs[rid], step.sched[rid]
-            group_blocks = [block_ids[rid][g] for g in self.groups]
-            col = _running_col(runner, rid, group_blocks[0], facts, self.block_size)
-            running = [b[col] if col < len(b) else 0 for b in group_blocks]
-            running_pos.append(len(columns))
-            columns.append(running)
-            digest_rows.append((r, 0))
-            if self.spec.draft_columns:  # candidate states after each scheduled draft token
-                for j in range(1, facts["num_drafts"] + 1):
-                    blocks = [b[col + j] if col + j < len(b) else 0 for b in group_blocks]
-                    if all(blocks):
-                        columns.append(blocks)
-                        digest_rows.append((r, j))
-            metas.append(dict(facts, engine_step=step.engine_step, req_id=rid,
-                              prompt_sha=info["prompt_sha"], prompt_len=info["prompt_len"],
-                              req_step=info["steps"], batch_row=index[rid], running_col=col,
-                              running_blocks=running, mamba_block_ids=group_blocks,
-                              block_size=self.block_size,
-                              num_computed_runner=int(requests[rid].num_computed_tokens)))
-            info["steps"] += 1
-        out: dict[str, Any] = {"engine_step": step.engine_step, "metas": metas, "launches":
-                               step.launches, "block_ids": block_ids,
-                               "batch": sorted(live, key=index.get)}
+        live = sorted((rid for rid in step.sched if rid in index and rid in requests), key=index.get)
+        sel = [rid for rid in live if self._selected(runner, rid)["selected"]]
+        need = live if step.launches else sel  # whose block tables the emitter reads
+        rows = np.fromiter((index[rid] for rid in need), dtype=np.int64, count=len(need))
+        tables = self.table_source.tables(runner, self.groups, need, rows)
+        out: dict[str, Any] = {"engine_step": step.engine_step, "launches": step.launches,
+                               "batch": live, "table_reqs": need, "tables": tables}
         if sel:
-            blocks = np.asarray(columns, dtype=np.int64)[:, self.layer_group_pos].T  # [L, C]
+            sched = [step.sched[rid] for rid in sel]
+            infos = [self.reqs[rid] for rid in sel]
+            # one pass over the selected requests: batch row, drafts, step count, computed tokens
+            per_req = np.array([(index[rid], f["num_drafts"], i["steps"], requests[rid].num_computed_tokens)
+                                for rid, f, i in zip(sel, sched, infos)], dtype=np.int64).reshape(-1, 4)
+            pos = np.arange(len(sel)) if need is sel else np.searchsorted(rows, per_req[:, 0])
+            cols = self._running_cols(runner, sel, sched, tables[0][1][pos])
+            columns, digest_rows, running, running_pos = cf.digest_columns(
+                tables, pos, cols, per_req[:, 1], bool(self.spec.draft_columns))
+            out["facts"] = {
+                "sel": sel, "sched": sched, "block_size": self.block_size,
+                "prompt_sha": [i["prompt_sha"] for i in infos],
+                "prompt_len": [i["prompt_len"] for i in infos],
+                "req_step": per_req[:, 2], "batch_row": per_req[:, 0], "running_col": cols,
+                "running": running, "num_computed_runner": per_req[:, 3]}
+            for i in infos:
+                i["steps"] += 1
+            blocks = columns[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
             self._digest_into(out, runner, blocks)
-            rows = None
+            # whole per-row counts: which rows are the selected requests' is read at emit
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
-                if counts is not None:
-                    if rows is None:
-                        rows = host_to_device(torch.tensor([index[r] for r in sel]), counts.device)
-                    out[key] = counts.index_select(0, rows)
+                if isinstance(counts, torch.Tensor):
+                    out[key] = counts
+            if step.used is USED_IN_LAUNCH:
+                out["used_in_launch"] = True
             if self.spec.mode == "full":  # the only mode with snapshots (``wants_snapshot``)
-                out["snaps"] = self._snapshots(self._states(runner), blocks[:, running_pos], metas)
+                cf.expand(out, self.groups)  # snapshots are rare: per-request metas now
+                out["snaps"] = self._snapshots(self._states(runner), blocks[:, running_pos],
+                                               out["metas"])
         if self.device_path:
             self._pack(out)
         out["fence"] = Fence(self.device)
         with self.lock:
             self.pending.append(out)
+
+    def _running_cols(self, runner: Any, sel: list, sched: list, nblocks: np.ndarray) -> np.ndarray:
+        """Each selected request's running column of its (first group's) block row: the runner's
+        ``mamba_state_idx`` in align mode, else the block holding its last computed token."""
+        idx = getattr(runner, "mamba_state_idx", None)
+        align = idx is not None and runner.cache_config.mamba_cache_mode == "align"
+        cols = np.empty(len(sel), dtype=np.int64)
+        for r, (rid, facts) in enumerate(zip(sel, sched)):
+            if align and rid in idx:
+                cols[r] = idx[rid]
+            elif nblocks[r] <= 1:
+                cols[r] = 0
+            else:
+                end = facts["num_computed_tokens"] + facts["num_scheduled_tokens"]
+                cols[r] = min(int(nblocks[r]) - 1, max(0, -(-end // self.block_size) - 1))
+        return cols
 
     def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray) -> None:
         """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
@@ -373,6 +381,7 @@ class RunCapture(RunEmitter):
     def write(self) -> None:
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
                          census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
+                         block_table_source=self.table_source.source,
                          emit_ms_total=round(self.emit_s * 1e3, 3))
         self.writer.write()
         self.steps_since_write = 0
@@ -386,6 +395,7 @@ class RunCapture(RunEmitter):
         self._drain(force=True, write=False)  # the writer's close writes the tables once
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
                          census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
+                         block_table_source=self.table_source.source,
                          emit_ms_total=round(self.emit_s * 1e3, 3))
         self.writer.close(status)
         if self.spool is not None:  # every spooled step is in the tables now

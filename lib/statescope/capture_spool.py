@@ -36,9 +36,12 @@ _HEADER = struct.Struct("<Q")
 
 
 class _HostPickler(pickle.Pickler):
-    """Torch tensors travel as numpy arrays (a memcpy, not torch's storage protocol)."""
+    """Torch tensors travel as numpy arrays (a memcpy, not torch's storage protocol); numpy
+    arrays as their raw bytes (half the cost of numpy's own reduce for the step's small arrays)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and not obj.dtype.hasobject:
+            return _array_from_bytes, (obj.tobytes(), obj.dtype.str, obj.shape)
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "cpu":  # a launch's device input: emit takes it from the packed copy
                 return _device_placeholder, ()
@@ -47,6 +50,10 @@ class _HostPickler(pickle.Pickler):
                 return _bf16_from_numpy, (t.view(torch.int16).numpy().copy(),)
             return torch.from_numpy, (t.numpy().copy(),)
         return NotImplemented
+
+
+def _array_from_bytes(data: bytes, dtype: str, shape: tuple) -> np.ndarray:
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
 def _device_placeholder() -> None:
