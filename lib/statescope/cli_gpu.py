@@ -5,7 +5,8 @@ What it does: for a results folder written by ``gpu_results.collect`` (default: 
 and lists the trigger's departed requests against the async-off control; for round 3 it adds the
 factor check; for round 4 (``e2e_round4``: the trigger with and without the ``accept_sync`` patch)
 the patched-vs-unpatched verdicts against round 3's controls; for round 5's capture-overhead
-probes (``overhead_round5``) the throughput ratios and the goal check (``statescope.gpu_round5``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
+probes (``overhead_round5``, ``overhead_round6``) the throughput ratios and the goal check
+(``statescope.gpu_overhead_rounds``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
 it), 0 otherwise, 2 for a folder that is not a results folder.
 
 What it deliberately does not do: run anything (``statescope reproduce`` runs arms), or read the
@@ -48,9 +49,9 @@ def gpu_results_command(args: Any) -> int:
     from statescope.stats import CORRUPTION_DETECTED
 
     d = Path(args.dir) if args.dir else gpu_round3.R3_DIR
-    from statescope import gpu_round5
+    from statescope import gpu_overhead_rounds
 
-    if (d / gpu_round5.PROBES[0]).is_file():  # round 5's capture-overhead probes: no verdicts
+    if gpu_overhead_rounds.is_overhead_round(d):  # capture-overhead probes: no verdicts
         return overhead_command(d, args.json)
     rep = gpu_results_report(d)
     if args.json:
@@ -80,10 +81,12 @@ def gpu_results_command(args: Any) -> int:
 
 
 def overhead_command(d: Path, as_json: bool) -> int:
-    """Round 5's probes: throughput ratios with intervals and the goal check (exit 0)."""
-    from statescope import gpu_round5
+    """Rounds 5-6's probes: throughput ratios with intervals and the goal check (exit 0); round 6
+    also pools its two calls of the same code (a secondary reading)."""
+    from statescope import gpu_overhead_rounds as gor
 
-    rep = {"dir": str(d), "rows": gpu_round5.overhead_rows(d), "goal": gpu_round5.goal_check(d)}
+    rep = {"dir": str(d), "rows": gor.overhead_rows(d), "goal": gor.goal_check(d),
+           "pooled": gor.pooled_check(d) if gor.probe_files(d) == gor.R6_PROBES else []}
     if as_json:
         print(json.dumps(rep, indent=2))
     else:
@@ -93,6 +96,9 @@ def overhead_command(d: Path, as_json: bool) -> int:
         print(pd.DataFrame(rep["rows"]).to_string(index=False))
         print("\ngoal (digest mode >= 0.97 of capture off, the whole interval):")
         print(pd.DataFrame(rep["goal"]).to_string(index=False))
+        if rep["pooled"]:
+            print("\npooled over the calls of the same code (secondary):")
+            print(pd.DataFrame(rep["pooled"]).to_string(index=False))
     return 0
 
 
@@ -101,6 +107,6 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
                                                   "(exit 1 if corruption was detected)")
     p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3; "
                                           "data/results/gpu/e2e_round4 for the accept_sync patch, "
-                                          "data/results/gpu/overhead_round5 for the capture's cost)")
+                                          "data/results/gpu/overhead_round5 or overhead_round6 for the capture's cost)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=gpu_results_command)
