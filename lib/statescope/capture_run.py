@@ -10,8 +10,8 @@ requests' running blocks from the input batch's block tables (``statescope.captu
 compact record of numpy arrays; the per-request rows are made at emit), digests them
 (``statescope.digest``), takes the snapshots the spec asks for, starts the device->host copies
 (whole per-row count tensors: the selected rows are picked at emit) and records a ``Fence``.
-Nothing in the step reads a device value on the host. Digested per (layer, request): the running column and, with
-``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
+Nothing in the step reads a device value on the host. Digested per (layer, request): the running
+column and, with ``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
 all in one call per state kind over all layers and columns. On a CPU build the digest runs in
 the step, straight from the blocks (``Digester.digest_in_place``, one pass, no gather; the torch
 gather + reductions into kept buffers where the C kernel is unavailable); handing the blocks to
@@ -84,7 +84,6 @@ class RunCapture(RunEmitter):
         self.groups, mspec = mamba_groups(kvc)
         self.block_size = int(mspec.block_size)
         self.layers = [(name, g) for g in self.groups for name in kvc.kv_cache_groups[g].layer_names]
-        self.group_set = set(self.groups)
         self.layer_group_pos = [self.groups.index(g) for _, g in self.layers]
         from vllm.v1.worker import mamba_utils as mu
 
@@ -239,7 +238,8 @@ class RunCapture(RunEmitter):
             sched = [step.sched[rid] for rid in sel]
             infos = [self.reqs[rid] for rid in sel]
             # one pass over the selected requests: batch row, drafts, step count, computed tokens
-            per_req = np.array([(index[rid], f["num_drafts"], i["steps"], requests[rid].num_computed_tokens)
+            per_req = np.array([(index[rid], f["num_drafts"], i["steps"],
+                                 requests[rid].num_computed_tokens)
                                 for rid, f, i in zip(sel, sched, infos)], dtype=np.int64).reshape(-1, 4)
             pos = np.arange(len(sel)) if need is sel else np.searchsorted(rows, per_req[:, 0])
             cols = self._running_cols(runner, sel, sched, tables[0][1][pos])
@@ -378,11 +378,14 @@ class RunCapture(RunEmitter):
                 self.writer.write_manifest()
         return len(done)
 
-    def write(self) -> None:
+    def _note_totals(self) -> None:
         self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
                          census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
                          block_table_source=self.table_source.source,
                          emit_ms_total=round(self.emit_s * 1e3, 3))
+
+    def write(self) -> None:
+        self._note_totals()
         self.writer.write()
         self.steps_since_write = 0
         self.last_write = time.monotonic()
@@ -393,10 +396,7 @@ class RunCapture(RunEmitter):
 
     def _close(self, status: str) -> None:
         self._drain(force=True, write=False)  # the writer's close writes the tables once
-        self.writer.note(snapshots_skipped=self.skipped, truncated=self.skipped > 0,
-                         census_crosscheck=dict(self.crosscheck), engine_steps=self.engine_step,
-                         block_table_source=self.table_source.source,
-                         emit_ms_total=round(self.emit_s * 1e3, 3))
+        self._note_totals()
         self.writer.close(status)
         if self.spool is not None:  # every spooled step is in the tables now
             self.spool.close()
