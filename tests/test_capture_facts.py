@@ -107,3 +107,18 @@ def test_expand_rebuilds_metas_and_block_lists():
     assert all(type(v) is int for k, v in meta.items() if k in ("req_step", "batch_row", "running_col"))
     cf.expand(item, [2])  # idempotent
     assert len(item["metas"]) == 1
+
+
+def test_step_stand_in_benchmark_runs_the_real_capture_code():
+    """benchmarks/bench_capture_step.py drives RunCapture with a fake runner: it must keep working
+    (and read the block tables from the fake input batch) as the capture changes."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_capture_step as bench
+
+    for drafts in (False, True):
+        row = bench.measure(20, "frozen", draft_columns=drafts)
+        assert row["step_ms"] > 0 and row["spool_ms"] > 0 and row["spool_bytes_per_step"] > 1000
+        assert row["block_table_source"] == "input_batch"
