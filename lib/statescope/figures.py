@@ -10,6 +10,7 @@ What it deliberately does not do: install a browser, or render HTML (see statesc
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -32,6 +33,26 @@ def chrome_path() -> str | None:
     return None
 
 
+class _IgnoredPipeNoise(logging.Filter):
+    """kaleido's browser channel (choreographer) logs a full traceback when Chrome writes a line
+    that is not JSON to its pipe, then ignores the line and the export succeeds; in a rendered
+    notebook that traceback reads like a failure. Only that record is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("JSONError decoding message")
+
+
+def _quiet_pipe_noise() -> None:
+    try:  # the channel's own logger object (a logistro logger: do not create it ourselves)
+        from choreographer.channels import pipe as _pipe
+
+        logger = _pipe._logger
+    except (ImportError, AttributeError):
+        return
+    if not any(isinstance(f, _IgnoredPipeNoise) for f in logger.filters):
+        logger.addFilter(_IgnoredPipeNoise())
+
+
 def _exporter_missing() -> str | None:
     """Why no PNG can be exported here (no Chrome, no kaleido), or None; points kaleido at Chrome."""
     chrome = chrome_path()
@@ -42,6 +63,7 @@ def _exporter_missing() -> str | None:
     except ImportError:
         return "kaleido is not installed (pip install kaleido)"
     os.environ.setdefault("BROWSER_PATH", chrome)
+    _quiet_pipe_noise()
     return None
 
 
