@@ -4,7 +4,7 @@ One in-process engine (the embedded default, trigger configuration: prefix cachi
 MTP(2)) serves the same workload in interleaved rounds — off, digest, digest+drafts (the spec's
 ``draft_columns``), full, off, … —
 with the prefix cache reset before each round, so drift on a shared machine hits every mode
-alike. Capture is switched with ``statescope.capture.install`` / ``uninstall`` between rounds
+alike. Capture is switched with ``statescope.capture.recorder.install`` / ``uninstall`` between rounds
 ("off" = no hooks at all, what an unset ``STATESCOPE_CAPTURE`` gives). Each round's time
 includes the capture's own flush at its end (the flusher thread's work counts too). Prints one
 JSON line per round and a summary per mode: the ratio of its tokens/s to "off" (best-of-N, which
@@ -14,7 +14,7 @@ CPU seconds spent inside the capture itself (``CaptureClock``: the hook sink, th
 emission, the final close — thread CPU time, which other processes' load on a shared machine does
 not inflate the way it inflates wall time) over the CPU seconds of an "off" round (medians).
 Goal: digest within 10%. ``STATESCOPE_DIGEST_NATIVE=0`` measures the torch digest path instead
-of the C kernel (``statescope.digest``).
+of the C kernel (``statescope.capture.digest``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_capture.py [--rounds 5] [--requests 12]
 """
@@ -69,7 +69,7 @@ class CaptureClock:
     def attach(self, recorder) -> None:
         for name in self.SINK:  # the hooks call these through the recorder instance
             setattr(recorder, name, self.timed(getattr(recorder, name), name))
-        from statescope import capture_run
+        from statescope.capture import run as capture_run
 
         if not hasattr(capture_run.RunCapture.drain, "_bench"):
             drain = capture_run.RunCapture.drain
@@ -122,9 +122,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from statescope import capture
-    from statescope.capture_session import boundary_prompts
-    from statescope.engine import EngineConfig, OfflineEngine
+    from statescope.capture import recorder as capture
+    from statescope.capture.session import boundary_prompts
+    from statescope.engine.offline import EngineConfig, OfflineEngine
 
     engine = OfflineEngine(EngineConfig())
     # prompts ending just before a block boundary: every align-mode copy path runs
@@ -160,7 +160,7 @@ def main() -> None:
         "ratio_best": summary["digest"]["ratio_best"] >= 0.9,
         "capture_cpu_share": summary["digest"]["capture_cpu_share"] <= 0.1}
     try:
-        from statescope.digest import native_kernel
+        from statescope.capture.digest import native_kernel
     except ImportError:  # an older statescope (comparisons of the same command across versions)
         native_kernel = None
 

@@ -33,10 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from statescope import capture_facts as cf, capture_run as cr  # noqa: E402
-from statescope.capture_spec import CaptureSpec  # noqa: E402
-from statescope.capture_spool import Spool  # noqa: E402
-from statescope.capture_store import CaptureWriter  # noqa: E402
+from statescope.capture import facts as cf
+from statescope.capture import run as cr
+from statescope.capture.spec import CaptureSpec  # noqa: E402
+from statescope.capture.spool import Spool  # noqa: E402
+from statescope.capture.store import CaptureWriter  # noqa: E402
 
 REQS, LAYERS, KV_GROUPS, MAMBA_GROUPS = 32, 18, 5, [1, 2, 3]
 

@@ -5,7 +5,7 @@ a bf16 conv window (SD ``[3, 8192]``; ``--layout DS``: ``[8192, 3]``) followed b
 recurrent state ``[32, 128, 128]`` (2 MB), as ``as_strided`` views. Each "step" digests R
 requests' blocks (default 32; duplicate-free, shuffled) of both kinds through
 ``capture_run.digest_kinds`` (what the capture's step digest runs, conv token rows included), once
-with the Triton path off (``statescope.digest`` falls back to its torch gather + reductions) and
+with the Triton path off (``statescope.capture.digest`` falls back to its torch gather + reductions) and
 once with it on. Reported per step: host time (``perf_counter`` around the call; nothing is
 synchronized inside it) and device time (CUDA events around the call, with a sleep kernel queued
 first so the step's kernels run back to back however slowly the host enqueues them). Checks that
@@ -28,9 +28,10 @@ os.environ.setdefault("STATESCOPE_DIGEST_TRITON", "1")  # the default; "0" in th
 import statescope  # noqa: E402,F401  (import shims first)
 import torch  # noqa: E402
 
-from statescope import census_decode as cd, digest as digest_mod  # noqa: E402
-from statescope.capture_run import digest_kinds  # noqa: E402
-from statescope.digest import Digester, host_to_device  # noqa: E402
+from statescope.capture import census_decode as cd
+from statescope.capture import digest as digest_mod
+from statescope.capture.run import digest_kinds  # noqa: E402
+from statescope.capture.digest import Digester, host_to_device  # noqa: E402
 
 
 def build_states(layers: int, blocks: int, layout: str, conv_dim: int = 8192, state_len: int = 3,
@@ -102,7 +103,7 @@ def main() -> None:
     ap.add_argument("--stages", type=int, help="override digest_triton.STAGES (pipelined loads)")
     ap.add_argument("--tile", type=int, help="override digest_triton.TILE (elements per tile)")
     args = ap.parse_args()
-    from statescope import digest_triton
+    from statescope.capture import digest_triton
 
     digest_triton.STAGES = args.stages or digest_triton.STAGES
     digest_triton.TILE = args.tile or digest_triton.TILE

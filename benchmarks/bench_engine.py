@@ -21,8 +21,8 @@ CHILD = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
 import statescope
-from statescope.engine import EngineConfig, OfflineEngine, default_model
-from statescope.workload import run_episodes, shared_prefix_episodes
+from statescope.engine.offline import EngineConfig, OfflineEngine, default_model
+from statescope.workload.episodes import run_episodes, shared_prefix_episodes
 cfg = EngineConfig(model=sys.argv[1] or str(default_model()), enforce_eager=sys.argv[2] == "eager")
 t1 = time.perf_counter()
 eng = OfflineEngine(cfg)

@@ -29,11 +29,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import statescope  # noqa: E402,F401  (CPU import shims first)
-from statescope.engine import EngineConfig  # noqa: E402
-from statescope.runners import OfflineRunner, ServerRunner, episodes_next_step, run_waves  # noqa: E402
-from statescope.server import parse_prometheus  # noqa: E402
-from statescope.store import ResultsStore  # noqa: E402
-from statescope.workload import shared_prefix_episodes  # noqa: E402
+from statescope.engine.offline import EngineConfig  # noqa: E402
+from statescope.engine.runners import OfflineRunner, ServerRunner, episodes_next_step, run_waves  # noqa: E402
+from statescope.engine.server import parse_prometheus  # noqa: E402
+from statescope.records import ResultsStore  # noqa: E402
+from statescope.workload.episodes import shared_prefix_episodes  # noqa: E402
 
 CONFIG = EngineConfig(max_model_len=2048, kv_cache_memory_bytes=256 * 2**20, enforce_eager=True)
 

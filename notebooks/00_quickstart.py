@@ -20,8 +20,8 @@
 # drafts).
 
 # %%
-from statescope.engine import EngineConfig, OfflineEngine
-from statescope import workload
+from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.workload import episodes as workload
 
 config = EngineConfig()  # prefix caching + align + MTP(2), temperature 0
 config

@@ -24,9 +24,9 @@
 # prefix cache or never accepted a draft.
 
 # %%
-from statescope import reproduce as rp
-from statescope.workload import preset_trace
-from statescope.store import new_run_id
+from statescope.verdict import reproduce as rp
+from statescope.workload.episodes import preset_trace
+from statescope.records import new_run_id
 
 trace = preset_trace("smoke", geometry="mixed")  # prompt ends before/at/after align boundaries
 trigger, control = rp.standard_arms("reference")
@@ -58,7 +58,7 @@ result.examples()
 # result is labelled **PLANTED**.
 
 # %%
-from statescope.faults import FaultSpec
+from statescope.patches.faults import FaultSpec
 
 trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
 planted = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("planted"),

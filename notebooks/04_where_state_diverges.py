@@ -37,8 +37,8 @@
 # before a Mamba block boundary, so decoding crosses it at different offsets.
 
 # %%
-from statescope.engine import EngineConfig, OfflineEngine
-from statescope.capture_session import boundary_prompts, record
+from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.capture.session import boundary_prompts, record
 engine = OfflineEngine(EngineConfig())
 prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)
 
@@ -49,7 +49,8 @@ prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)
 
 # %%
 import tempfile
-from statescope import capture_run, cpu_kernels
+from statescope.capture import run as capture_run
+from statescope.patches import cpu_kernels
 out = tempfile.mkdtemp(prefix="statescope-diverge-")
 reference, _ = record(engine, {"output_dir": out, "run_id": "memmove"}, prompts)
 
@@ -67,7 +68,7 @@ capture_run.DEVICE_PATH_ON_CPU = False
 # bytes left behind by the block's previous user.
 
 # %%
-from statescope.diverge import divergence_report
+from statescope.diverge.report import divergence_report
 report = divergence_report(planted.path, reference.path)
 report
 
@@ -97,7 +98,7 @@ report.heatmap()
 # so the prefix-cache hypotheses are not exercised either.
 
 # %%
-from statescope.hypotheses import hypothesis_table, run_context
+from statescope.diverge.hypotheses import hypothesis_table, run_context
 context = run_context(planted, planted="barrierless_tiles")
 context
 
@@ -127,8 +128,8 @@ engine.close()
 # This notebook compares two runs of the *same* configuration step by step. The digests must
 # then match exactly. To compare configurations whose steps differ (MTP against no MTP, a
 # prefix hit against a cold prefill), compare **by token position** instead. Use a replay of the
-# run's own tokens through a clean configuration (`statescope.replay`), or the float64 oracle.
-# Measure the tolerance from re-batched clean runs (`statescope.noise`). Then report the first
-# divergence in tolerance units (`statescope.diverge_positions`). Notebook
+# run's own tokens through a clean configuration (`statescope.diverge.replay`), or the float64 oracle.
+# Measure the tolerance from re-batched clean runs (`statescope.diverge.noise`). Then report the first
+# divergence in tolerance units (`statescope.diverge.by_position`). Notebook
 # `06_hypotheses` does all of this, with one numbered check per hypothesis. From the command line:
 # `statescope diverge RUN --reference REF --by-position --noise CLEAN_RUN`.

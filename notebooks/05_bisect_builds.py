@@ -167,7 +167,7 @@ real.posterior_figure()
 # The kernel signatures are the same in all three; what differs is below (checked at install).
 
 # %%
-from statescope import builds_releases as rel
+from statescope.builds import releases as rel
 from statescope.bisect import BisectResult
 rel.kernel_findings()
 
@@ -219,8 +219,8 @@ native.posterior_figure()
 # Re-run (results land in `data/results/builds/`):
 #
 # ```
-# python -m statescope.builds_releases check
-# python -m statescope.builds_releases matrix --runs runs
-# python -m statescope.builds_releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
+# python -m statescope.builds.releases check
+# python -m statescope.builds.releases matrix --runs runs
+# python -m statescope.builds.releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
 # ```
 

@@ -26,7 +26,7 @@
 # there on purpose:
 #
 # - **EMULATED**: CPU copy semantics that behave like a GPU race (`barrierless_tiles`, H-copy);
-# - **PLANTED**: a test fault in `statescope.faults` (`permute_accepted` for H-accept,
+# - **PLANTED**: a test fault in `statescope.patches.faults` (`permute_accepted` for H-accept,
 #   `drop_postprocess_copy` for a lost post-process copy).
 #
 # A supported hypothesis here shows the *instrument* can see that signature. It is not a
@@ -41,8 +41,8 @@
 # the others decode. That gives two rows with different accepted counts in one batch.
 
 # %%
-from statescope.engine import EngineConfig, OfflineEngine
-from statescope import diverge_demo as dd
+from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.diverge import study as dd
 engine = OfflineEngine(EngineConfig())
 prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])
 len(prompts), [len(p) for p in prompts]
@@ -55,7 +55,7 @@ len(prompts), [len(p) for p in prompts]
 # 8 KiB tile of 0.28.0's fused conv copy.
 
 # %%
-from statescope.faults import FaultSpec
+from statescope.patches.faults import FaultSpec
 planted = {"permute_accepted": FaultSpec("permute_accepted", prompt_shas=[dd.prompt_sha(prompts[0])]),
            "drop_postprocess_copy": FaultSpec("drop_postprocess_copy", prompt_shas=[dd.prompt_sha(prompts[1])]),
            "perturb_conv_row": FaultSpec("perturb_conv_row", prompt_shas=[dd.prompt_sha(prompts[2])], at_output_token=4, layers=[1], delta=4.0),
@@ -104,7 +104,8 @@ study.oracle_tolerance
 # ## Check 0b · Positions line up, and would not if they were off by one
 
 # %%
-from statescope import noise, replay
+from statescope.diverge import noise
+from statescope.diverge import replay
 run, records = study.runs["clean"]
 oracle = replay.OracleStates(study.model_dir, replay.tokens_from_records(records))
 aligned = noise.in_units(noise.compare_states(run, oracle), study.oracle_tolerance)
@@ -124,7 +125,7 @@ aligned = noise.in_units(noise.compare_states(run, oracle), study.oracle_toleran
 # the step of a same-block left-shift copy. The recurrent state follows one step later.
 
 # %%
-from statescope.hypotheses import hypothesis_table, run_context
+from statescope.diverge.hypotheses import hypothesis_table, run_context
 copy = dd.reports(study, "barrierless_tiles")["replay"]
 copy
 
@@ -254,7 +255,7 @@ pd.DataFrame(rows)
 # ## Check 7 · No planted fault, no divergence
 
 # %%
-from statescope.diverge_positions import clean_check, position_report
+from statescope.diverge.by_position import clean_check, position_report
 [clean_check(position_report(s, study.replays["clean"], study.tolerance)) for s, _ in study.runs["rebatched"]]
 
 # %% [markdown]
@@ -269,7 +270,7 @@ from statescope.diverge_positions import clean_check, position_report
 # shows the dropped copy's step.
 
 # %%
-from statescope import divergence_views as views
+from statescope.diverge import views
 views.conv_diff_viewer(study.runs["drop_postprocess_copy"][0], study.replays["drop_postprocess_copy"], study.tolerance)
 
 # %%

@@ -26,7 +26,7 @@ walk_tokens = 32
 model = None  # None = the embedded default (data/models/tiny-qwen35)
 
 # %%
-from statescope.teach import Lesson, varied_prompt
+from statescope.teach.lesson import Lesson, varied_prompt
 lesson = Lesson(model)
 lesson.summary()
 
@@ -41,7 +41,7 @@ lesson.summary()
 # state: a model that depends on its state rewrites it only partly.
 
 # %%
-from statescope import teach_state
+from statescope.teach import state as teach_state
 walk = teach_state.walk(lesson.model, varied_prompt(walk_tokens, seed=1))
 teach_state.explorer(walk)
 
@@ -68,8 +68,8 @@ teach_state.check_prefill_matches_oracle(lesson, varied_prompt(300, seed=2))
 # boundary make decoding cross it.
 
 # %%
-from statescope import teach_align
-from statescope.capture_session import boundary_prompts
+from statescope.teach import align as teach_align
+from statescope.capture.session import boundary_prompts
 run, _ = lesson.capture(boundary_prompts(lesson.block_size, 4), max_tokens=16)
 teach_align.block_table(run)
 
@@ -126,7 +126,7 @@ teach_align.check_accepted_window(lesson, varied_prompt(lesson.block_size - 8, s
 # byte that holds the wrong source byte at the end. A shift of at least the tile size is safe.
 
 # %%
-from statescope import teach_copy
+from statescope.teach import inplace_shift as teach_copy
 teach_copy.animation(n=32, shift=8, tile=16, order="high_to_low")
 
 # %%
@@ -158,7 +158,7 @@ teach_copy.check_engine_shift(lesson)
 # shifts its conv window by the wrong number of rows and takes the wrong candidate state.
 
 # %%
-from statescope import teach_race
+from statescope.teach import accept_race as teach_race
 teach_race.race_table(accepted=(3, 1, 2), finished_row=1)
 
 # %% [markdown]

@@ -34,19 +34,19 @@
 
 # %%
 import pandas as pd
-from statescope import gpu_results as gr
+from statescope.results import e2e as gr
 {k: gr.manifest()[k] for k in ("vllm", "torch", "triton", "gpu", "driver", "cuda", "date_utc")}
 
 # %% [markdown]
 # ## 0 · Round 3: corruption detected on the H200
 #
 # The four arms again on tiny-gui, **all eager**, 12 seeds (96 episodes, 576 requests per arm), each
-# verdict recomputed from the committed records (`statescope.gpu_round3`). The trigger fails 11 of
+# verdict recomputed from the committed records (`statescope.results.factors`). The trigger fails 11 of
 # 96 episodes, every one-factor control 0: Fisher's one-sided p = 0.00036 for each pair, and every
 # engagement guard holds (prefix-cache hits and accepted drafts in the trigger).
 
 # %%
-from statescope import gpu_round3 as r3
+from statescope.results import factors as r3
 pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
 
 # %% [markdown]
@@ -62,11 +62,11 @@ pd.DataFrame(r3.departures())
 #
 # Round 3's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
 # runtime patch `accept_sync` (the host accepted counts keep the previous step's row order until
-# vLLM remaps them; `statescope.accept_sync`). Each is judged against round 3's controls
-# (`statescope.gpu_round4`).
+# vLLM remaps them; `statescope.patches.accept_sync`). Each is judged against round 3's controls
+# (`statescope.results.patch_check`).
 
 # %%
-from statescope import gpu_round4 as r4
+from statescope.results import patch_check as r4
 pd.DataFrame(r4.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
                                    "trigger_units", "control_failed", "fisher_p"]]
 
@@ -97,10 +97,10 @@ pd.DataFrame(r4.overhead_table()).drop(columns=["file"])
 # The same probe on the 6.7 B hybrid, modes off / digest (now a CUDA-graph replay, built once per
 # engine) / digest_eager, and a second workload shaped like the workbook's (4 agents × 8 steps,
 # 2,432-token prompts sharing 2,048). Ratios are paired by round, with a distribution-free 95 %
-# interval of the median (`statescope.gpu_overhead_rounds`).
+# interval of the median (`statescope.results.overhead`).
 
 # %%
-from statescope import gpu_overhead_rounds as gor
+from statescope.results import overhead as gor
 pd.DataFrame(gor.overhead_rows(gor.R5_DIR)).drop(columns=["file", "ci_coverage", "capture_ran"])
 
 # %% [markdown]
@@ -114,7 +114,7 @@ pd.DataFrame(gor.goal_check(gor.R5_DIR))
 # ## 0e · Round 6: a compact record in the step
 #
 # The step now keeps numpy arrays (block tables read from vLLM's input batch, running columns picked
-# vectorized; `statescope.capture_facts`) and makes the per-request rows later. Host time per step
+# vectorized; `statescope.capture.facts`) and makes the per-request rows later. Host time per step
 # fell to 0.66–0.93 ms in the step (round 5: 0.75–1.23) — and every digest round's capture ran
 # (`capture_ran`: complete, no hook error, the same digest rows as round 5).
 
@@ -186,7 +186,7 @@ gr.capture_on_off()
 # tolerance): after a decode step that accepted *a* tokens, the next step's first window rows must
 # be this step's rows *a*, *a + 1* bit for bit (per-row checksums), so the row pair actually found
 # tells which accepted count the conv update applied. **Float64 oracle**: the recurrent-state and
-# conv-row digests against `statescope.oracle` at the same token positions, in units of a tolerance
+# conv-row digests against `statescope.diverge.oracle` at the same token positions, in units of a tolerance
 # calibrated on six clean requests. Five of the six departed requests leave the oracle at request
 # step 6, in both state kinds and all three GDN layers at once, exactly where the conv update
 # shifted the window by **1 while the previous step had accepted 3** (the sixth inherited step 2's
@@ -208,7 +208,7 @@ pd.DataFrame(gr.departure_table())
 pd.DataFrame(gr.continuity_table())
 
 # %% [markdown]
-# The hypothesis table (`statescope.hypotheses`, fed with the continuity check by
+# The hypothesis table (`statescope.diverge.hypotheses`, fed with the continuity check by
 # `conv_continuity.conv_shift_check`): which mechanism each first departure supports or contradicts.
 
 # %%
@@ -234,7 +234,7 @@ sweep.pivot_table(index="full_blocks", columns=["arm", "extra_tokens"], values="
 #
 # The same random launches (20 per row, 64 requests each: no copy, copies between blocks and
 # in-place shifts, padded page strides) through 0.26.0's Triton kernels on the H200 and through
-# `statescope.cpu_kernels`, every state byte and the accepted-count output compared.
+# `statescope.patches.cpu_kernels`, every state byte and the accepted-count output compared.
 
 # %%
 pd.DataFrame(gr.kernel_table())

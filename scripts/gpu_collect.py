@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/gpu_collect.py RETURNED_DIR [RETURNED_DIR ...] --manifest-extra FILE.json
 
-Copies each returned folder through ``statescope.gpu_results.collect`` (records compacted, logs cut),
+Copies each returned folder through ``statescope.results.e2e.collect`` (records compacted, logs cut),
 then writes ``verdicts.json`` (``gpu_results.verdict_table``: recomputed from the records with
 ``reproduce.label_rows``/``summarize`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
 counters, kernel agreement, the build decision, overhead) and ``manifest.json`` (versions, GPU and
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 
 def main() -> int:
-    from statescope import gpu_results as gr
+    from statescope.results import e2e as gr
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("returned", nargs="*")

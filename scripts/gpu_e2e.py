@@ -3,8 +3,8 @@
     python3 scripts/gpu_e2e.py job A|B|C --out DIR [--budget-s 560]   # the driver
     python3 scripts/gpu_e2e.py arm --model M --arm NAME --out DIR ...  # one arm (a subprocess)
 
-Job A: environment, kernel agreement (statescope.gpu_kernels), the build decision
-(statescope.gpu_decision), then the four arms on the trained tiny model (trigger with digest capture,
+Job A: environment, kernel agreement (statescope.gpu.kernel_agreement), the build decision
+(statescope.gpu.build_decision), then the four arms on the trained tiny model (trigger with digest capture,
 prefix sweep and capture overhead on its engine; the no-MTP control with a sweep too). Job B: the four
 arms on the race-susceptible variant (GDN head dim 96, 576 B conv rows), built here first. Job C: the
 capture overhead on ~1.6 B and ~6.7 B random-weight Qwen3.5-architecture hybrids
@@ -84,12 +84,12 @@ def environment() -> dict:
 
 def kernels_part(device: str, cases: int) -> dict:
     import statescope  # noqa: F401
-    from statescope import gpu_kernels
+    from statescope.gpu import kernel_agreement as gpu_kernels
 
     if device == "cuda":
         from vllm.v1.worker import mamba_utils as module
     else:  # CPU shake-out: 0.26.0's kernels under Triton's interpreter
-        from statescope.racecheck import load_kernel_source
+        from statescope.gpu.racecheck import load_kernel_source
 
         module = load_kernel_source(str(ROOT / ".gpu_src/mamba_utils_0.26.0.py"))
     return {"rows": gpu_kernels.agreement_table(module, device, cases=cases, n_reqs=64 if device == "cuda" else 8)}
@@ -99,15 +99,15 @@ def decision_part(device: str, shift: int, launch: int) -> dict:
     import functools
 
     import statescope  # noqa: F401
-    from statescope import gpu_decision as gd
-    from statescope.overlap_safe import overlap_safe_batch_memcpy
+    from statescope.gpu import build_decision as gd
+    from statescope.patches.overlap_safe import overlap_safe_batch_memcpy
 
     if device == "cuda":
         from vllm.v1.worker import mamba_utils
 
         raw = mamba_utils.batch_memcpy
     else:
-        from statescope.racecheck import load_kernel_source
+        from statescope.gpu.racecheck import load_kernel_source
 
         m = load_kernel_source(str(ROOT / ".gpu_src/mamba_utils_0.26.0.py"))
         raw = lambda s, d, n: m.batch_memcpy_kernel[(len(n),)](s, d, n, BLOCK_SIZE=1024)  # noqa: E731
@@ -173,17 +173,17 @@ def fast_parts(out: Path, job: str, device: str, cpu: bool) -> None:
 
 def arm_main(a: argparse.Namespace) -> int:
     import statescope  # noqa: F401
-    from statescope import gpu_e2e
+    from statescope.gpu import e2e_arms as gpu_e2e
 
     out = Path(a.out)
     if not a.cpu:
-        from statescope.gpu_compat import enable_qwen35_text
+        from statescope.patches.qwen35_mtp_compat import enable_qwen35_text
 
         compat = enable_qwen35_text()
     else:
         compat = []
     if a.patch:  # a statescope runtime patch, process-wide, before the engine starts
-        from statescope.patches import apply_patches, parse_patch
+        from statescope.patches.registry import apply_patches, parse_patch
 
         apply_patches([parse_patch(x) for x in a.patch], None)
     arms = gpu_e2e.e2e_arms(str(ROOT / a.model) if not os.path.isabs(a.model) else a.model, gpu=not a.cpu,
@@ -197,7 +197,7 @@ def arm_main(a: argparse.Namespace) -> int:
         os.environ["STATESCOPE_CAPTURE"] = str(spec)
 
     def after(runner) -> dict:
-        from statescope import capture
+        from statescope.capture import recorder as capture
 
         res: dict = {"compat": compat}
         if a.capture:
@@ -220,7 +220,7 @@ def arm_main(a: argparse.Namespace) -> int:
 
 
 def overhead(runner, bs: int) -> dict:
-    from statescope import gpu_e2e
+    from statescope.gpu import e2e_arms as gpu_e2e
 
     vocab = runner.engine.llm.get_tokenizer().vocab_size
     prompts = [ids for _, _, ids in gpu_e2e.sweep_prompts(bs, vocab, blocks=(1,), offsets=tuple(range(32)), seed=7)]
@@ -241,9 +241,9 @@ def overhead(runner, bs: int) -> dict:
 def capture_summary(dirs: list, out: Path, label: str) -> dict:
     import shutil
 
-    from statescope.capture_diff import shifts_by_request
-    from statescope.capture_store import CaptureRun
-    from statescope.cli_capture import census_report
+    from statescope.diverge.digest_diff import shifts_by_request
+    from statescope.capture.store import CaptureRun
+    from statescope.cli.capture import census_report
 
     if not dirs:
         return {"error": "no capture run written"}
@@ -275,12 +275,13 @@ def large_runner(cpu: bool, layers: int = 24, hidden: int = 2048) -> tuple:
     """An engine on a random-weight Qwen3.5-architecture hybrid (load_format="dummy"), compiled with
     CUDA graphs and async scheduling on a GPU (eager, tiny on --cpu), and what it resolved."""
     import statescope  # noqa: F401
-    from statescope import gpu_e2e, gpu_models
-    from statescope.engine import EngineConfig
-    from statescope.runners import OfflineRunner
+    from statescope.gpu import e2e_arms as gpu_e2e
+    from statescope.models import gpu_models
+    from statescope.engine.offline import EngineConfig
+    from statescope.engine.runners import OfflineRunner
 
     if not cpu:
-        from statescope.gpu_compat import enable_qwen35_text
+        from statescope.patches.qwen35_mtp_compat import enable_qwen35_text
 
         enable_qwen35_text()
     d = gpu_models.large_hybrid_dir(ROOT / MODELS["tiny-gui"],
@@ -322,7 +323,7 @@ def job_main(a: argparse.Namespace) -> int:
         if os.environ.get("E2E_FAST_PARTS") == "1" and deadline - time.time() > 50:
             fast_parts(out, job, device, a.cpu)  # done once already (round Q): opt-in
     elif job == "B":
-        from statescope import gpu_models
+        from statescope.models import gpu_models
 
         part(out, job, "race_variant_model", lambda: str(gpu_models.build_race_variant(
             ROOT / MODELS["tiny-gui"], ROOT / MODELS["tiny-gui-hd96"])))
@@ -357,7 +358,7 @@ def main() -> int:
         r.add_argument(name, required=True)
     r.add_argument("--seeds", type=int, default=6)
     r.add_argument("--episodes", type=int, default=None, help="per seed (default: all)")
-    r.add_argument("--patch", action="append", help="statescope runtime patch (statescope.patches), repeatable")
+    r.add_argument("--patch", action="append", help="statescope runtime patch (statescope.patches.registry), repeatable")
     for flag in ("--capture", "--sweep", "--overhead", "--cpu", "--eager"):
         r.add_argument(flag, action="store_true")
     a = p.parse_args()

@@ -4,12 +4,12 @@ Inputs: the digest-mode capture of the compiled trigger run (tarball), the trigg
 records (full prompt/output token ids) and the eager control records. Three checks, per request step
 (a request step's states are read after the step; positions from the runner's computed count):
 
-1. **Exact conv-window continuity** (``statescope.conv_continuity``; no tolerance, capture only,
+1. **Exact conv-window continuity** (``statescope.diverge.conv_continuity``; no tolerance, capture only,
    every request): after a decode step with ``a`` accepted tokens the conv block holds the inputs
    of positions ``c-2..c+2``; the next step's rows 0,1 must be this step's rows ``a, a+1`` bit for
    bit (per-row checksums). The row pair it actually holds gives the shift the conv update
    applied, i.e. the accepted count it read; a shift other than ``a`` is a wrong conv read offset.
-2. **Float64 oracle** (``statescope.oracle``; selected requests): the digest statistics (sum,
+2. **Float64 oracle** (``statescope.diverge.oracle``; selected requests): the digest statistics (sum,
    sumsq, proj0-2; same ``Digester`` weights) of the oracle's recurrent state at the step's
    position, and the oracle's conv input rows' sums against the captured ``row_sums`` of the rows
    whose position is known. Differences in tolerance units, calibrated on non-divergent step-2
@@ -19,8 +19,8 @@ records (full prompt/output token ids) and the eager control records. Three chec
    rows the shift leaves duplicated must agree bit for bit (row j == row j+b); requests with a
    shift are also compared with the oracle at the shift step and the next ("shift probes").
 
-The first step beyond tolerance feeds ``statescope.hypotheses.hypothesis_table`` with the
-capture's own events (``statescope.diverge.step_events``) and the continuity check's frame.
+The first step beyond tolerance feeds ``statescope.diverge.hypotheses.hypothesis_table`` with the
+capture's own events (``statescope.diverge.report.step_events``) and the continuity check's frame.
 
 Runtime ~75 s on one CPU thread (oracle for ~24 requests). Writes data/results/gpu/e2e/localization.json.
 Usage: python scripts/gpu_localize.py [TRIGGER_RECORDS] [--control RAW_CONTROL_RECORDS]
@@ -42,13 +42,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from statescope.capture_spec import prompt_sha
-from statescope.capture_store import CaptureRun
-from statescope.conv_continuity import conv_shift_check, continuity_summary, inplace_shift_bias
-from statescope.digest import Digester
-from statescope.diverge import step_events
-from statescope.hypotheses import hypothesis_table, run_context
-from statescope.oracle import gdn_states
+from statescope.capture.spec import prompt_sha
+from statescope.capture.store import CaptureRun
+from statescope.diverge.conv_continuity import conv_shift_check, continuity_summary, inplace_shift_bias
+from statescope.capture.digest import Digester
+from statescope.diverge.report import step_events
+from statescope.diverge.hypotheses import hypothesis_table, run_context
+from statescope.diverge.oracle import gdn_states
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {0: "model.layers.0.linear_attn", 1: "model.layers.1.linear_attn",

@@ -56,10 +56,10 @@ def spec_for(mode: str, run_id: str) -> dict:
 
 
 def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) -> dict:
-    from statescope import capture
+    from statescope.capture import recorder as capture
     import bench_capture
 
-    from statescope.digest_graph import ENV_GRAPH
+    from statescope.capture.digest_graph import ENV_GRAPH
 
     clock = None
     os.environ[ENV_GRAPH] = "0" if mode == "digest_eager" else "1"  # read when the run starts
@@ -81,7 +81,7 @@ def timed_round(runner, prompts: list, mode: str, run_id: str, max_tokens: int) 
         row["capture_host_s"] = clock.seconds
         row["by_name_ms"] = {k: round(v * 1e3, 2) for k, v in sorted(clock.by_name.items())}
         if dirs:
-            from statescope.capture_store import CaptureRun
+            from statescope.capture.store import CaptureRun
 
             run = CaptureRun(dirs[-1])
             man = run.manifest
@@ -108,7 +108,7 @@ def summarize(rows: list[dict], modes: tuple = MODES) -> dict:
                   "ratio_best": max(rates) / max(off), "paired_ratio_median": statistics.median(paired),
                   "paired_ratios": [round(x, 4) for x in paired]}
         if m != "off" and len(paired) >= 6:  # order-statistic interval of the paired median
-            from statescope.stats import median_interval
+            from statescope.verdict.stats import median_interval
 
             lo, hi, cov = median_interval(paired)
             out[m]["paired_ratio_ci"] = {"lo": round(lo, 4), "hi": round(hi, 4), "coverage": round(cov, 4)}
@@ -130,7 +130,7 @@ def summarize(rows: list[dict], modes: tuple = MODES) -> dict:
 
 
 def profile_round(runner, prompts: list, max_tokens: int) -> list[dict]:
-    from statescope import capture
+    from statescope.capture import recorder as capture
 
     capture.install(spec_for("digest", "profile"))
     runner.reset_prefix_cache()
@@ -163,7 +163,7 @@ def profile_round(runner, prompts: list, max_tokens: int) -> list[dict]:
 
 def sync_round(runner, prompts: list, max_tokens: int) -> dict:
     import torch
-    from statescope import capture
+    from statescope.capture import recorder as capture
 
     hits: dict[str, int] = {}
     stacks: dict[str, str] = {}
@@ -198,7 +198,7 @@ def sync_round(runner, prompts: list, max_tokens: int) -> dict:
 def same_digests(rows: list[dict]) -> dict | None:
     """The last digest round (graph) vs the last digest_eager round: checksums per (prompt, request
     step, layer, kind) — the graph replay must see exactly what the eager launches see."""
-    from statescope.capture_store import CaptureRun
+    from statescope.capture.store import CaptureRun
 
     last = {r["mode"]: r["run_dir"] for r in rows if r.get("run_dir")}
     if not {"digest", "digest_eager"} <= set(last):
@@ -236,7 +236,7 @@ def probe_size(name: str, size: dict, rounds: int, max_tokens: int, deadline: fl
     -prefix groups, ``gui_max_tokens`` each). The first workload's results stay at the top level
     (as before); every workload's are under ``workloads``."""
     import gpu_e2e as script
-    from statescope import gpu_e2e
+    from statescope.gpu import e2e_arms as gpu_e2e
 
     runner, res = script.large_runner(cpu=cpu, **({} if cpu else size))
     try:

@@ -3,7 +3,7 @@
 What it does: records the environment (torch, vLLM, Triton, GPU, driver, the sha256 of vLLM's
 mamba_utils.py), then probes vLLM's ``batch_memcpy`` with left-overlapping copies for a byte-shift
 sweep and for the tiny model's and Qwen3.5-27B's (TP 1/2/4) in-place conv shifts, once unpatched and
-once with ``statescope.overlap_safe`` installed, and drives the fused post-process kernel with
+once with ``statescope.patches.overlap_safe`` installed, and drives the fused post-process kernel with
 in-place shifts for several row sizes. Writes OUT/racecheck.json (environment + every row),
 OUT/racecheck.csv (the table) and OUT/racecheck.log. The JSON is rewritten after every probe, so a
 run cut short still returns what it measured.
@@ -24,8 +24,8 @@ import traceback
 from pathlib import Path
 
 import statescope  # noqa: F401  (before torch/vLLM)
-from statescope import racecheck as rc
-from statescope.overlap_safe import install_overlap_safe_copy, uninstall_overlap_safe_copy
+from statescope.gpu import racecheck as rc
+from statescope.patches.overlap_safe import install_overlap_safe_copy, uninstall_overlap_safe_copy
 
 # Fused-kernel geometries: (name, row_bytes, state_len). Rows below the kernel's tile can race
 # (1 KiB in 0.26.0; 8 KiB in 0.28.0, whose fused conv copy moves 1024 u64 per iteration).

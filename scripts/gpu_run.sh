@@ -30,7 +30,7 @@
 #     5.   no carry:         bash scripts/gpu_run.sh e2e_c      # if device time is left: job C
 # Job Q (what was run on 2026-11-30, when most of the session's device time had gone elsewhere): the
 # kernel agreement, the build decision, then the tiny model's arms as time allows (E2E_BUDGET_S sets
-# its length). Its arms failed to load tiny-gui (fixed in statescope.gpu_compat); the trigger arm
+# its length). Its arms failed to load tiny-gui (fixed in statescope.patches.qwen35_mtp_compat); the trigger arm
 # then ran alone, eager, as call 5 (no carry, the same machine):   bash scripts/gpu_run.sh e2e_r
 # Round 2 (2026-11-30 ~03:00, data/results/gpu/e2e/manifest.json has the exact calls): calls 1-2, then
 # E2E_BUDGET_S=540 e2e_a (the compiled controls timed out: a compiled start takes ~150 s), the three
@@ -65,7 +65,7 @@ case "${1:-}" in
     tail -3 "$out/pytest_digest.log"; cat "$out/bench_digest_gpu.jsonl"; grep rc= "$out/bench_digest_gpu.log"
     exit 0;;
   accept_sync)  # the H-accept patch, end to end (carry .gpu3 on a fresh machine): the eager trigger
-    # unpatched and with statescope.accept_sync, 12 seeds, at the same time (the load under which the
+    # unpatched and with statescope.patches.accept_sync, 12 seeds, at the same time (the load under which the
     # 12-seed trigger departed on 17 requests in round 3); results written straight under $OUT
     # (store/e2e_<label>/records.jsonl is as deep as what comes back), each arm appended as it ends.
     [ -f "$site/vllm-env.sh" ] || bash .gpu3/install_on_device.sh >"$out/install.log" 2>&1 || { tail "$out/install.log"; exit 3; }
@@ -145,7 +145,7 @@ job_rc=$?
 python3 - racecheck --preset tiny --copies 100000 --json >"$out/cli_tiny.json" 2>"$out/cli_tiny.err" <<'PY'
 import argparse, sys
 import statescope  # noqa: F401
-from statescope.racecheck import add_racecheck_subcommand
+from statescope.gpu.racecheck import add_racecheck_subcommand
 p = argparse.ArgumentParser(prog="statescope")
 add_racecheck_subcommand(p.add_subparsers(dest="command", required=True))
 a = p.parse_args(sys.argv[1:])

@@ -11,18 +11,18 @@ validity/correctness, near-tie fraction of greedy output tokens, MTP acceptance 
 vLLM's draft/verify loop accepts on greedy output), and sensitivity of the rest of an answer to a
 corrupted GDN conv window / recurrent state (by mode and by layer).
 
-What it deliberately does not do: run vLLM (``statescope.tiny_vllm`` measures it there).
+What it deliberately does not do: run vLLM (``statescope.models.tiny_vllm`` measures it there).
 
   OMP_NUM_THREADS=2 python scripts/train_tiny_model.py --threads 2 --base-steps 550 --out DIR
   python scripts/train_tiny_model.py --device cuda --base-steps 550 --out DIR   # how tiny-gui was made
   python scripts/train_tiny_model.py --eval-only --out data/models/tiny-gui
   python scripts/train_tiny_model.py --attention-layer 0 --out DIR   # the attention-first experiment
   python scripts/train_tiny_model.py --value-words 7 --value-alphabet 4 --warmup-alphabet 4 \
-      --value-sens-prompts 20 --out DIR     # opt-in sequence values (statescope.guilang_seq)
+      --value-sens-prompts 20 --out DIR     # opt-in sequence values (statescope.workload.guilang_seq)
 
 ``--value-words N`` trains and evaluates on the sequence-value language (values of N-2..N words
 from ``--value-alphabet`` words; recorded in DIR/guilang_variant.json, which ``--eval-only`` and
-``statescope.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid;
+``statescope.models.tiny_vllm`` read); ``--value-sens-prompts`` adds the mid-value sensitivity grid;
 ``--value-sens-other-point`` also swaps in another request's state at a random *other* token
 (reported separately, ``value_sensitivity_other_point_*``). ``--attn-window W
 [--attn-window-frac p]`` hides keys W or more tokens back from the attention layer in (a fraction p
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
-from statescope import guilang
-from statescope import guilang_seq
-from statescope import tiny_data
-from statescope import tinymodel as tm
+from statescope.workload import guilang
+from statescope.workload import guilang_seq
+from statescope.models import tiny_data
+from statescope.models import tinymodel as tm
 
 EVAL_SEED0 = 10_000_000    # held-out episode seeds start here (training seeds are < 1e6)
 NEAR_TIE = 0.1

@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import statescope  # noqa: E402,F401  (CPU import shims before anything imports vLLM)
-from statescope.engine import EngineConfig  # noqa: E402
+from statescope.engine.offline import EngineConfig  # noqa: E402
 
 REFERENCE = EngineConfig(enable_prefix_caching=False, mamba_cache_mode=None,
                          speculative_method=None, num_speculative_tokens=0)
@@ -30,7 +30,7 @@ class EnginePool:
         self.starts = 0
 
     def get(self, config: EngineConfig):
-        from statescope.engine import OfflineEngine
+        from statescope.engine.offline import OfflineEngine
 
         if self.engine is not None and self.config == config:
             return self.engine

@@ -1,4 +1,4 @@
-"""The H-accept runtime patch (``statescope.accept_sync``): its ordering rule on small fakes of the
+"""The H-accept runtime patch (``statescope.patches.accept_sync``): its ordering rule on small fakes of the
 runner's fields (the race itself needs a GPU; data/results/gpu/ holds the H200 run), and that it
 installs on and uninstalls from the real vLLM runner class of this build."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from statescope import accept_sync
-from statescope.patches import PATCHES, parse_patch
+from statescope.patches import accept_sync
+from statescope.patches.registry import PATCHES, parse_patch
 
 
 class _Event:

@@ -4,8 +4,8 @@ it, and a window covering the whole sequence gives the default (unmasked) loss."
 import pytest
 import torch
 
-from statescope import guilang
-from statescope import tinymodel as tm
+from statescope.workload import guilang
+from statescope.models import tinymodel as tm
 
 torch.set_num_threads(1)
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from statescope import builds, builds_install
+from statescope import builds
+from statescope.builds import install as builds_install
 from statescope.builds import BuildFailed, BuildSpec, ensure_build, plant_regression
 from statescope.errors import InputError
-from statescope.patches import apply_patches, parse_patch
+from statescope.patches.registry import apply_patches, parse_patch
 
 SHA = "72d9c316d3f6ede485146fe5aabd4e61dbc59069"
 
@@ -86,7 +87,7 @@ def test_plant_regression_from_index():
 
 
 def test_apply_patches_to_the_trigger_arm():
-    from statescope.reproduce import standard_arms
+    from statescope.verdict.reproduce import standard_arms
 
     trigger, _ = standard_arms("reference")
     labels = apply_patches([parse_patch("planted_regression=0.25"),
@@ -222,10 +223,10 @@ def test_two_real_builds_with_an_experiment_each(tmp_path):
     assert info[a.install_key()]["torch"] == info[b.install_key()]["torch"] == "2.13.0+cpu"
 
 
-# ---- the real-release experiment (statescope.builds_releases) ---------------------------------
+# ---- the real-release experiment (statescope.builds.releases) ---------------------------------
 
 def test_release_arms_are_labelled_and_checked():
-    from statescope import builds_releases as br
+    from statescope.builds import releases as br
 
     native, emulated = br.arm_specs("native"), br.arm_specs("release_gpu_order")
     assert [s.label for s in native] == [f"{r}+patch:cpu_kernels:memmove" for r in br.RELEASE_SPECS]
@@ -236,7 +237,7 @@ def test_release_arms_are_labelled_and_checked():
 
 
 def test_release_results_files_fail_clearly(tmp_path):
-    from statescope import builds_releases as br
+    from statescope.builds import releases as br
 
     with pytest.raises(InputError, match="no such results file"):
         br.load_results("release_matrix", tmp_path)
@@ -249,7 +250,8 @@ def test_release_results_files_fail_clearly(tmp_path):
 
 def test_release_bisection_starts_from_the_matrix_and_probes_new_seeds(monkeypatch, tmp_path):
     """A fake cell runner (no engines): 0.28.0 fails 3 of 4 units, later releases none."""
-    from statescope import builds_releases as br, builds_run
+    from statescope.builds import releases as br
+    from statescope.builds import run as builds_run
 
     seeds_run = []
 
@@ -274,7 +276,8 @@ def test_release_bisection_starts_from_the_matrix_and_probes_new_seeds(monkeypat
 
 
 def test_kernel_findings_cover_every_supported_release():
-    from statescope import builds_releases as br, cpu_kernels
+    from statescope.builds import releases as br
+    from statescope.patches import cpu_kernels
 
     table = br.kernel_findings()
     assert list(table["release"]) == list(cpu_kernels.SUPPORTED_VLLM_VERSIONS)
@@ -298,8 +301,8 @@ def test_a_later_release_runs_align_mtp_with_its_kernel_profile(tmp_path):
 
 
 def test_copy_census_counts_only_short_in_place_shifts_under_barrierless_tiles():
-    from statescope.builds_cell import CopyCensus
-    from statescope.cpu_kernels import PRECOPY, CopyEvent
+    from statescope.builds.cell import CopyCensus
+    from statescope.patches.cpu_kernels import PRECOPY, CopyEvent
 
     def event(kind, src_block, dst_block, bias, semantics, tile, shift=128, nbytes=640):
         return CopyEvent(PRECOPY, 0, "l0", kind, 0, 0, 1, 2, src_block, dst_block, bias, 0,

@@ -18,12 +18,13 @@ import torch
 
 import statescope  # noqa: F401
 from conftest import TRIGGER
-from statescope import capture, cpu_kernels
-from statescope.capture_adapters import adapter_for, missing_pieces
-from statescope.capture_diff import digest_diff, first_divergence, shifts_by_request
-from statescope.capture_session import boundary_prompts, record
-from statescope.capture_spec import ENV_CAPTURE, CaptureSpec, prompt_sha
-from statescope.capture_store import (QWEN35_27B, CaptureRun, CaptureWriter,
+from statescope.capture import recorder as capture
+from statescope.patches import cpu_kernels
+from statescope.capture.adapters import adapter_for, missing_pieces
+from statescope.diverge.digest_diff import digest_diff, first_divergence, shifts_by_request
+from statescope.capture.session import boundary_prompts, record
+from statescope.capture.spec import ENV_CAPTURE, CaptureSpec, prompt_sha
+from statescope.capture.store import (QWEN35_27B, CaptureRun, CaptureWriter,
                                       estimate_capture_bytes, find_runs, gdn_geometry,
                                       snapshot_bytes)
 from statescope.errors import EnvironmentBroken, InputError
@@ -191,7 +192,8 @@ def _capture(engine, tmp_path, name, prompts=None, max_tokens=24, **spec):
 
 @pytest.mark.engine
 def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatch):
-    from statescope import capture_facts, capture_run
+    from statescope.capture import facts as capture_facts
+    from statescope.capture import run as capture_run
 
     a, _ = _capture(trigger, tmp_path, "a")
     # run b takes the accelerator path on CPU (reduce in the step, one packed copy per step)
@@ -242,7 +244,7 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatc
 def test_torch_digest_fallback_sees_the_same_states(trigger, tmp_path, monkeypatch):
     """Without the C kernel (no compiler) the capture gathers and reduces with torch ops: the
     same checksums (exact on both paths), the float statistics equal up to rounding."""
-    from statescope import digest
+    from statescope.capture import digest
 
     a, _ = _capture(trigger, tmp_path, "c", prompts=prompts_for(trigger, 4), max_tokens=12)
     monkeypatch.setattr(digest, "_native", [None])
@@ -296,7 +298,7 @@ def test_prefill_snapshots_have_the_model_geometry_and_match_digests(trigger, tm
 @pytest.mark.engine
 def test_barrierless_copies_change_exactly_the_requests_that_shift_in_place(trigger, tmp_path,
                                                                              monkeypatch):
-    from statescope import capture_run
+    from statescope.capture import run as capture_run
 
     cpu_kernels.set_copy_semantics("memmove")
     ref, ref_out = _capture(trigger, tmp_path, "memmove")
@@ -364,7 +366,7 @@ def test_selection_prefix_hits_and_snapshot_budget(trigger, tmp_path):
 def test_sigterm_closes_the_run_then_runs_the_previous_handler(trigger, tmp_path):
     import signal
 
-    from statescope import capture_signals
+    from statescope.capture import signals as capture_signals
 
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
@@ -385,7 +387,7 @@ def test_sigterm_closes_the_run_then_runs_the_previous_handler(trigger, tmp_path
 
 @pytest.mark.engine
 def test_plugin_env_var_captures_the_scalar_precopy_path(engine_pool, tmp_path, monkeypatch):
-    from statescope.engine import EngineConfig
+    from statescope.engine.offline import EngineConfig
 
     spec = CaptureSpec.from_dict({"output_dir": "caps", "flush_interval_s": 0.5})
     monkeypatch.setenv(ENV_CAPTURE, str(spec.write(tmp_path / "spec.json")))
@@ -415,7 +417,7 @@ def test_plugin_env_var_captures_the_scalar_precopy_path(engine_pool, tmp_path, 
 def test_cli_capture_then_census(engine_pool, tmp_path, capfd):
     import argparse
 
-    from statescope.cli_capture import add_capture_subcommands
+    from statescope.cli.capture import add_capture_subcommands
 
     engine_pool.close()  # the command starts its own engine; one engine alive at a time
     parser = argparse.ArgumentParser()

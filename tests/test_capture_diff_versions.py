@@ -9,7 +9,7 @@ import warnings
 import pandas as pd
 import pytest
 
-from statescope.capture_diff import DigestMismatchWarning, digest_diff
+from statescope.diverge.digest_diff import DigestMismatchWarning, digest_diff
 
 
 class FakeRun:

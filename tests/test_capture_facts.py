@@ -1,4 +1,4 @@
-"""statescope.capture_facts: the step's compact record against the per-request loop it replaced."""
+"""statescope.capture.facts: the step's compact record against the per-request loop it replaced."""
 from __future__ import annotations
 
 import types
@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from statescope import capture_facts as cf
+from statescope.capture import facts as cf
 
 
 def _loop_reference(lists_per_group, cols, drafts, with_drafts):

@@ -1,6 +1,6 @@
 """Capture must not hide the failure it observes: the reproduce verdict with capture on and off.
 
-A planted NaN conv-window fault (``statescope.faults``, the reported ``!!!!`` symptom) in the
+A planted NaN conv-window fault (``statescope.patches.faults``, the reported ``!!!!`` symptom) in the
 trigger arm; the control arm (the reference configuration) is run once and shared. The trigger
 arm runs twice — capture off, then capture on (digest mode) — and must give the same verdict
 ("corruption detected") for the same requests; the capture itself must show the planted NaN in
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from statescope.capture_session import perturbation_report, reproduce_with_capture
-from statescope.faults import FaultSpec
-from statescope.reproduce import standard_arms
-from statescope.stats import CORRUPTION_DETECTED
-from statescope.workload import preset_trace
+from statescope.capture.session import perturbation_report, reproduce_with_capture
+from statescope.patches.faults import FaultSpec
+from statescope.verdict.reproduce import standard_arms
+from statescope.verdict.stats import CORRUPTION_DETECTED
+from statescope.workload.episodes import preset_trace
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

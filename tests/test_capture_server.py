@@ -13,9 +13,9 @@ import pytest
 
 import statescope  # noqa: F401
 from conftest import TRIGGER
-from statescope.capture_session import boundary_prompts
-from statescope.capture_spec import ENV_CAPTURE, CaptureSpec
-from statescope.capture_store import CaptureRun, find_runs
+from statescope.capture.session import boundary_prompts
+from statescope.capture.spec import ENV_CAPTURE, CaptureSpec
+from statescope.capture.store import CaptureRun, find_runs
 
 
 @pytest.mark.slow
@@ -23,7 +23,7 @@ from statescope.capture_store import CaptureRun, find_runs
 def test_capture_inside_the_openai_api_server(engine_pool, tmp_path):
     import httpx
 
-    from statescope.server import VllmServer
+    from statescope.engine.server import VllmServer
 
     engine_pool.close()  # one engine alive at a time
     spec = CaptureSpec.from_dict({"output_dir": str(tmp_path / "caps"), "flush_interval_s": 0.5,

@@ -1,4 +1,4 @@
-"""Deferred emission (``statescope.capture_spool``): the spool is an append-only log a killed
+"""Deferred emission (``statescope.capture.spool``): the spool is an append-only log a killed
 process leaves readable, and a run recovered from it has the rows a cleanly closed run has."""
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import shutil
 import pytest
 import torch
 
-from statescope import capture, capture_run, capture_spool
-from statescope.capture_session import record
-from statescope.capture_store import CaptureRun
+from statescope.capture import recorder as capture
+from statescope.capture import run as capture_run
+from statescope.capture import spool as capture_spool
+from statescope.capture.session import record
+from statescope.capture.store import CaptureRun
 from statescope.errors import InputError
 
 
@@ -55,7 +57,7 @@ def test_unreadable_record_names_the_file_and_byte(tmp_path):
 
 @pytest.fixture
 def trigger(engine_pool, monkeypatch):
-    from statescope.engine import EngineConfig
+    from statescope.engine.offline import EngineConfig
 
     monkeypatch.setenv("STATESCOPE_CAPTURE_STRICT", "1")
     engine = engine_pool.get(EngineConfig())
@@ -67,7 +69,7 @@ def trigger(engine_pool, monkeypatch):
 def test_killed_run_recovers_the_rows_of_a_clean_close(trigger, tmp_path, monkeypatch):
     """A run with ``emit: idle`` spools its steps; the directory as a kill would leave it (steps
     spooled, none emitted) is recovered into the same rows as the run closed cleanly."""
-    from statescope.capture_session import boundary_prompts
+    from statescope.capture.session import boundary_prompts
 
     monkeypatch.setattr(capture_run, "IDLE_S", 1e9)  # the engine never counts as idle here
     prompts = boundary_prompts(trigger.resolved()["mamba_block_size"], 6)
@@ -112,7 +114,7 @@ def test_idle_emission_writes_while_the_engine_waits(trigger, tmp_path):
     """Default threshold: once the engine stops stepping, the flusher emits without a flush."""
     import time
 
-    from statescope.capture_session import boundary_prompts
+    from statescope.capture.session import boundary_prompts
 
     prompts = boundary_prompts(trigger.resolved()["mamba_block_size"], 4)
     trigger.reset_prefix_cache()
@@ -136,7 +138,7 @@ def test_row_checksum_columns_are_variable_size_lists(tmp_path):
     import numpy as np
     import pyarrow.parquet as pq
 
-    from statescope.capture_store import CaptureWriter
+    from statescope.capture.store import CaptureWriter
 
     w = CaptureWriter(tmp_path, {"run_id": "x"}, 10**9)
     w.add_columns("digests", {"kind": np.array(["conv"] * 3, dtype=object),

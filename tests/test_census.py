@@ -9,7 +9,8 @@ import statescope  # noqa: F401
 import pytest
 import torch
 
-from statescope import census, census_decode as cd
+from statescope.capture import census
+from statescope.capture import census_decode as cd
 
 
 def _bytes(start, nbytes, rows, stride):

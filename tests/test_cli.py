@@ -9,7 +9,7 @@ import pytest
 
 
 def _cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "statescope.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "statescope.cli.main", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 

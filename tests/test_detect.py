@@ -1,4 +1,4 @@
-"""Tests for statescope.detect: every degeneracy reason, false positives, and flip kinds."""
+"""Tests for statescope.verdict.detect: every degeneracy reason, false positives, and flip kinds."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from statescope.detect import REASONS, classify_output, compare_to_control, label_records
+from statescope.verdict.detect import REASONS, classify_output, compare_to_control, label_records
 from statescope.errors import InputError
 
 NORMAL = "I will open the settings menu first, then enable dark mode."

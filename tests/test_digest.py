@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from statescope import digest as digest_mod
-from statescope.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
+from statescope.capture import digest as digest_mod
+from statescope.capture.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
                                stat_names, to_host_async, unpack)
 
 torch.set_num_threads(1)
@@ -219,7 +219,7 @@ def test_snapshot_and_host_helpers_on_cpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the GPU host)")
 def test_cuda_digest_census_and_transfers_never_synchronize():
-    from statescope.census_decode import postprocess_decisions
+    from statescope.capture.census_decode import postprocess_decisions
 
     _, conv_cpu, ssm_cpu = _paged_states()
     _, conv, ssm = _paged_states(device="cuda")

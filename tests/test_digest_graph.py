@@ -1,4 +1,4 @@
-"""The capture's one-buffer step digest (``statescope.digest_graph``): buckets, padding, slicing, and
+"""The capture's one-buffer step digest (``statescope.capture.digest_graph``): buckets, padding, slicing, and
 the padded path end to end on the CPU engine (eager: CUDA graphs themselves need a GPU; their
 bit-for-bit self-check runs on the device, see docs/gpu.md)."""
 from __future__ import annotations
@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from statescope import capture, capture_run, digest_graph as dg
-from statescope.capture_diff import digest_diff
-from statescope.capture_session import boundary_prompts, record
+from statescope.capture import recorder as capture
+from statescope.capture import run as capture_run
+from statescope.capture import digest_graph as dg
+from statescope.diverge.digest_diff import digest_diff
+from statescope.capture.session import boundary_prompts, record
 
 
 def test_buckets_and_padding():
@@ -49,8 +51,8 @@ def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
 
 @pytest.mark.engine
 def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypatch):
-    from statescope.capture_store import CaptureRun
-    from statescope.engine import EngineConfig
+    from statescope.capture.store import CaptureRun
+    from statescope.engine.offline import EngineConfig
 
     engine = engine_pool.get(EngineConfig())
     prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 5)
@@ -83,7 +85,7 @@ def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypat
 def test_graph_replay_equals_eager_launches_on_cuda():
     """On the GPU: every bucket's replay gives exactly the eager digests, padded columns dropped,
     and reads the states live (a changed state changes the replayed digest)."""
-    from statescope.digest import Digester
+    from statescope.capture.digest import Digester
 
 
     gen = torch.Generator(device="cuda").manual_seed(0)

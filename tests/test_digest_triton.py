@@ -1,4 +1,4 @@
-"""The one-launch Triton digest (``statescope.digest_triton``) against the torch path.
+"""The one-launch Triton digest (``statescope.capture.digest_triton``) against the torch path.
 
 The kernel is run on CPU tensors under Triton's interpreter, which must be switched on before
 triton is first imported, so those checks run in a subprocess (this file, run as a script); the
@@ -44,8 +44,10 @@ def _same(got: tuple, ref_stats: torch.Tensor, ref_checks: torch.Tensor) -> None
 def interpreter_checks() -> None:
     """Run with TRITON_INTERPRET=1 set before triton is imported (see ``test_kernel_...``)."""
     import statescope  # noqa: F401  (import shims first)
-    from statescope import capture_run, census_decode as cd, digest_triton as dt
-    from statescope.digest import Digester
+    from statescope.capture import run as capture_run
+    from statescope.capture import census_decode as cd
+    from statescope.capture import digest_triton as dt
+    from statescope.capture.digest import Digester
 
     assert dt.interpreting()
     # 3 layers, separate page buffers; conv SD (state_len 5 x conv_dim 2100: two column
@@ -130,8 +132,8 @@ def test_kernel_matches_the_torch_path_under_the_interpreter():
 
 
 def test_device_path_declines_on_cpu_without_the_interpreter(monkeypatch):
-    from statescope import digest as digest_mod
-    from statescope.digest import Digester
+    from statescope.capture import digest as digest_mod
+    from statescope.capture.digest import Digester
 
     _, conv, ssm = _layer(0, 4, (3, 16), (2, 4, 8))
     ids = torch.tensor([[1, 2]])
@@ -150,8 +152,8 @@ def test_device_path_declines_on_cpu_without_the_interpreter(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU host)")
 def test_cuda_kernel_matches_and_never_synchronizes(monkeypatch):
-    from statescope import digest as digest_mod
-    from statescope.digest import Digester, host_to_device
+    from statescope.capture import digest as digest_mod
+    from statescope.capture.digest import Digester, host_to_device
 
     monkeypatch.setenv(digest_mod.ENV_TRITON, "1")  # explicit (the default)
     monkeypatch.setattr(digest_mod, "_triton", [])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import statescope  # noqa: F401
-from statescope import noise
+from statescope.diverge import noise
 from statescope.errors import InputError
 
 L0 = "model.layers.0.linear_attn"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import MTP_ONLY, PREFIX_ALIGN, REFERENCE, TRIGGER
-from statescope.workload import run_episodes, shared_prefix_episodes
+from statescope.workload.episodes import run_episodes, shared_prefix_episodes
 
 pytestmark = pytest.mark.engine
 

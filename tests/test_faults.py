@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import statescope  # noqa: F401
-from statescope import faults
-from statescope.capture_spec import prompt_sha
+from statescope.patches import faults
+from statescope.capture.spec import prompt_sha
 from statescope.errors import InputError
-from statescope.faults import FaultSpec
+from statescope.patches.faults import FaultSpec
 
 
 def test_spec_validates_kinds_and_selection_fields():

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from statescope import gpu_overhead_rounds as gor
+from statescope.results import overhead as gor
 from statescope.errors import InputError
 
 R5, R6 = gor.R5_DIR, gor.R6_DIR
@@ -71,7 +71,7 @@ def test_missing_probe_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("d,goals,pooled", [(R5, 5, 0), (R6, 6, 2)])
 def test_cli_reports_overhead_rounds(capsys, d, goals, pooled):
-    from statescope.cli import main
+    from statescope.cli.main import main
 
     assert main(["gpu-results", str(d), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

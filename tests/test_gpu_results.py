@@ -1,7 +1,7 @@
 """The committed end-to-end GPU results re-checked with statescope's own functions, and the GPU glue's
 CPU-testable parts (decision oracle, sweep prompts, overhead ratios, race-variant geometry).
 
-The results tests read ``data/results/gpu/e2e/`` (written by ``statescope.gpu_results.collect`` from
+The results tests read ``data/results/gpu/e2e/`` (written by ``statescope.results.e2e.collect`` from
 what the device returned) and recompute: the verdict table from the records, the overhead ratios from
 the raw timed rounds, the engagement guards from the recorded counters, the kernel-agreement totals
 and the decision's per-build counts from the oracle log. No GPU or vLLM is needed.
@@ -14,7 +14,10 @@ import math
 
 import pytest
 
-from statescope import gpu_decision, gpu_e2e, gpu_models, gpu_results
+from statescope.gpu import build_decision as gpu_decision
+from statescope.gpu import e2e_arms as gpu_e2e
+from statescope.models import gpu_models
+from statescope.results import e2e as gpu_results
 from statescope.errors import InputError
 
 E2E = gpu_results.E2E_DIR
@@ -44,7 +47,7 @@ def test_verdict_table_recomputed_from_records_equals_committed():
 
 
 def test_every_pair_has_an_outcome_and_trigger_guards_recorded():
-    from statescope.stats import (CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN,
+    from statescope.verdict.stats import (CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN,
                                   GEOMETRY_NOT_EXERCISED, NO_EVIDENCE)
 
     allowed = {CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN, GEOMETRY_NOT_EXERCISED, NO_EVIDENCE}
@@ -203,7 +206,7 @@ def _racy_copy(src, dst, sizes):
 
 
 def test_decision_finds_the_patch_with_a_racy_cpu_copy():
-    from statescope.overlap_safe import overlap_safe_batch_memcpy
+    from statescope.patches.overlap_safe import overlap_safe_batch_memcpy
 
     fns = {gpu_decision.BUILDS[0]: _racy_copy,
            gpu_decision.BUILDS[1]: functools.partial(overlap_safe_batch_memcpy, kernel=_racy_copy),
@@ -256,7 +259,7 @@ def test_race_variant_geometry(tmp_path):
     assert gpu_models.conv_row_bytes(variant) == 576 and 576 % 128
     from safetensors import safe_open
 
-    from statescope.tinymodel import expected_shapes
+    from statescope.models.tinymodel import expected_shapes
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -270,7 +273,8 @@ def test_kernel_comparison_flags_a_racy_build_only_on_in_place_shifts():
     comparison must report mismatches for in-place conv shifts and nowhere else."""
     from types import SimpleNamespace
 
-    from statescope import cpu_kernels, gpu_kernels
+    from statescope.patches import cpu_kernels
+    from statescope.gpu import kernel_agreement as gpu_kernels
 
     def racy(grid, *args, **kwargs):
         before = cpu_kernels.get_copy_semantics()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from statescope import gpu_round3
-from statescope.stats import CORRUPTION_DETECTED
+from statescope.results import factors as gpu_round3
+from statescope.verdict.stats import CORRUPTION_DETECTED
 
 R3 = gpu_round3.R3_DIR
 
@@ -75,7 +75,7 @@ def test_overhead_with_triton_still_misses_the_goal_and_the_probe_says_where():
 
 
 def test_gpu_results_cli_reports_the_recomputed_verdict(capsys, tmp_path):
-    from statescope.cli import main
+    from statescope.cli.main import main
 
     assert main(["gpu-results", "--json"]) == 1  # exit 1: corruption detected
     rep = json.loads(capsys.readouterr().out)

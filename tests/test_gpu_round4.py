@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from statescope import gpu_round4
+from statescope.results import patch_check as gpu_round4
 from statescope.errors import InputError
-from statescope.stats import CORRUPTION_DETECTED, NO_EVIDENCE
+from statescope.verdict.stats import CORRUPTION_DETECTED, NO_EVIDENCE
 
 R4 = gpu_round4.R4_DIR
 
@@ -60,7 +60,7 @@ def test_missing_arm_is_one_clear_error(tmp_path):
 
 
 def test_cli_reports_round4_with_the_patch_section(capsys):
-    from statescope.cli import main
+    from statescope.cli.main import main
 
     assert main(["gpu-results", str(R4), "--json"]) == 1  # the unpatched trigger: corruption detected
     rep = json.loads(capsys.readouterr().out)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from statescope import guilang as g
+from statescope.workload import guilang as g
 
 LINE = re.compile(r'(textbox|button|text) "([^"]*)"(?: value="([^"]*)")?( focused)? id=(\d+) @')
 
@@ -90,7 +90,7 @@ def test_prompts_grow_with_shared_prefix():
 def test_chat_template_renders_the_same_prompt():
     from jinja2 import Template
 
-    from statescope.structured_model import CHAT_TEMPLATE
+    from statescope.models.structured import CHAT_TEMPLATE
 
     ep = g.generate_episode(5, 5)
     rendered = Template(CHAT_TEMPLATE).render(messages=g.render_messages(ep, 3), add_generation_prompt=True)

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from statescope import guilang as g
-from statescope import guilang_seq, tiny_data
+from statescope.workload import guilang as g
+from statescope.workload import guilang_seq
+from statescope.models import tiny_data
 
 VAR = {"value_words": 7, "value_alphabet": 4}
 TOKENIZER = Path(__file__).resolve().parents[1] / "data/models/tiny-gui/tokenizer.json"
@@ -111,7 +112,7 @@ def test_run_values_come_in_runs(seed):
 
 def test_value_sensitivity_other_point_is_separate(tok):
     """The opt-in different-point swap adds its own keys and leaves the zero/swap grid unchanged."""
-    from statescope import tinymodel as tm
+    from statescope.models import tinymodel as tm
     base = tm.new_base_model(tm.model_config(tok), 0).eval()
     quote, eos = tok.token_to_id('="'), tok.token_to_id("<|im_end|>")
     rng = random.Random(5)

@@ -13,9 +13,9 @@ import json
 import pytest
 
 import statescope  # noqa: F401
-from statescope.diverge import add_diverge_subcommand, divergence_report
+from statescope.diverge.report import add_diverge_subcommand, divergence_report
 from statescope.errors import InputError
-from statescope.hypotheses import (CONTRADICTS, NOT_EXERCISED, SCORERS, SUPPORTS, RunContext,
+from statescope.diverge.hypotheses import (CONTRADICTS, NOT_EXERCISED, SCORERS, SUPPORTS, RunContext,
                                    hypothesis_table, score_accept, score_copy, score_drop,
                                    score_empty, score_lostcopy, score_midblock, score_reorder,
                                    score_split)
@@ -174,10 +174,12 @@ def test_report_rejects_a_directory_that_is_not_a_run(tmp_path):
 def test_barrierless_run_diverges_after_same_block_shifts_and_ranks_copy_first(
         engine_pool, tmp_path, monkeypatch, capsys):
     from conftest import TRIGGER
-    from statescope import capture, capture_run, cpu_kernels
-    from statescope.capture_diff import shifts_by_request
-    from statescope.capture_session import boundary_prompts, record
-    from statescope.hypotheses import run_context
+    from statescope.capture import recorder as capture
+    from statescope.capture import run as capture_run
+    from statescope.patches import cpu_kernels
+    from statescope.diverge.digest_diff import shifts_by_request
+    from statescope.capture.session import boundary_prompts, record
+    from statescope.diverge.hypotheses import run_context
 
     monkeypatch.setenv("STATESCOPE_CAPTURE_STRICT", "1")
     engine = engine_pool.get(TRIGGER)

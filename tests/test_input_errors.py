@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from statescope.engine import EngineConfig, OfflineEngine, import_vllm
+from statescope.engine.offline import EngineConfig, OfflineEngine, import_vllm
 from statescope.errors import EnvironmentBroken, InputError
 
 
@@ -46,7 +46,7 @@ def test_model_dir_missing(tmp_path):
 
 
 def test_model_dir_wrong_gdn_head_dim(tmp_path):
-    from statescope.modeldir import check_model_dir
+    from statescope.engine.modeldir import check_model_dir
 
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
@@ -67,7 +67,7 @@ def test_unsupported_vllm_version(monkeypatch):
 
 def test_missing_vllm_is_one_clear_line():
     code = ("import sys; sys.modules['vllm'] = None\n"
-            "from statescope.cli import main; sys.exit(main(['doctor', '--no-engine']))")
+            "from statescope.cli.main import main; sys.exit(main(['doctor', '--no-engine']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]

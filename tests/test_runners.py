@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from statescope.detect import compare_to_control
+from statescope.verdict.detect import compare_to_control
 from statescope.errors import InputError
-from statescope.runners import (OfflineRunner, Runner, ServerRunner, StepRequest,
+from statescope.engine.runners import (OfflineRunner, Runner, ServerRunner, StepRequest,
                                 episodes_next_step, prompt_kind, run_waves)
-from statescope.store import KEY_FIELDS, ResultsStore, load_records
-from statescope.workload import SYSTEM_PROMPT, shared_prefix_episodes
+from statescope.records import KEY_FIELDS, ResultsStore, load_records
+from statescope.workload.episodes import SYSTEM_PROMPT, shared_prefix_episodes
 from test_server import SERVER_POOL, SUBPROCESS_ENV, TEST_CONFIG, server_pool  # noqa: F401
 
 # With MTP the last matched block is dropped for the drafter, so a prompt needs two full
@@ -167,9 +167,9 @@ def test_run_waves_rejects_a_misnumbered_step(tmp_path):
 RESUME_DRIVER = textwrap.dedent("""\
     import sys
     import statescope
-    from statescope.runners import ServerRunner, episodes_next_step, run_waves
-    from statescope.store import ResultsStore
-    from statescope.workload import shared_prefix_episodes
+    from statescope.engine.runners import ServerRunner, episodes_next_step, run_waves
+    from statescope.records import ResultsStore
+    from statescope.workload.episodes import shared_prefix_episodes
     url, root = sys.argv[1], sys.argv[2]
     eps = shared_prefix_episodes(n_episodes=8, n_steps=4, seed=5)
     run_waves(ServerRunner(url, concurrency=1), [e.episode_id for e in eps], episodes_next_step(eps),

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from statescope import scrub
-from statescope.scrub import REPO, Scrubber, SecretLeak, allowed_env, check_tree, find_secrets
+from statescope.share import scrub
+from statescope.share.scrub import REPO, Scrubber, SecretLeak, allowed_env, check_tree, find_secrets
 
 # Token-shaped fakes (none is a real credential), one per pattern family.
 FAKES = {

@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 import statescope  # noqa: F401  (CPU import shims first)
-from statescope.engine import EngineConfig
+from statescope.engine.offline import EngineConfig
 from statescope.errors import EnvironmentBroken
-from statescope.server import (ServerStartError, VllmServer, cli_args, metrics_from_prometheus,
+from statescope.engine.server import (ServerStartError, VllmServer, cli_args, metrics_from_prometheus,
                                parse_prometheus)
-from statescope.server_guard import group_members
+from statescope.engine.server_guard import group_members
 
 TEST_CONFIG = EngineConfig(max_model_len=2048, kv_cache_memory_bytes=256 * 2**20, enforce_eager=True)
 PY = sys.executable
@@ -101,7 +101,7 @@ def test_cli_args_map_every_engine_kwarg():
                                               speculative_method=None, num_speculative_tokens=0)])
 def test_cli_args_parse_back_with_vllms_own_parser(cfg):
     """Every flag exists in the installed vLLM and parses back to the engine argument it came from."""
-    from statescope.engine import import_vllm
+    from statescope.engine.offline import import_vllm
 
     import_vllm()
     from vllm.entrypoints.openai.cli_args import make_arg_parser
@@ -142,7 +142,7 @@ GUARDED_DRIVER = textwrap.dedent("""\
                   "open(%r, 'w').close(); time.sleep(600)" % sys.argv[1])
     child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', %r]); "
              "time.sleep(600)" % grandchild)
-    g = subprocess.Popen([sys.executable, "-m", "statescope.server_guard", str(os.getpid()),
+    g = subprocess.Popen([sys.executable, "-m", "statescope.engine.server_guard", str(os.getpid()),
                           "--grace", "2", "--", sys.executable, "-c", child], start_new_session=True)
     print(json.dumps({"pgid": g.pid}), flush=True)
     time.sleep(600)
@@ -176,7 +176,7 @@ def test_guard_kills_its_group_when_the_driver_is_killed(tmp_path):
 def test_guard_cleans_up_after_its_command_exits(tmp_path):
     child = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
              "'import time; time.sleep(600)']); sys.exit(3)")
-    g = subprocess.Popen([PY, "-m", "statescope.server_guard", str(os.getpid()), "--grace", "2",
+    g = subprocess.Popen([PY, "-m", "statescope.engine.server_guard", str(os.getpid()), "--grace", "2",
                           "--", PY, "-c", child], start_new_session=True, env=SUBPROCESS_ENV)
     assert g.wait(timeout=60) == 3
     assert group_members(g.pid) == []
@@ -256,8 +256,8 @@ def test_startup_timeout_raises_and_leaves_nothing(tmp_path):
 SERVER_DRIVER = textwrap.dedent("""\
     import json, sys, time
     import statescope
-    from statescope.engine import EngineConfig
-    from statescope.server import VllmServer
+    from statescope.engine.offline import EngineConfig
+    from statescope.engine.server import VllmServer
     s = VllmServer(EngineConfig(max_model_len=2048, kv_cache_memory_bytes=256 * 2**20,
                                 enforce_eager=True), env={"OMP_NUM_THREADS": "1"}, grace_s=10,
                    log_path=sys.argv[1])

@@ -1,4 +1,4 @@
-"""Tests for statescope.stats: the published figures, the SPRT stopping rule, and every verdict."""
+"""Tests for statescope.verdict.stats: the published figures, the SPRT stopping rule, and every verdict."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as st
 
 from statescope.errors import InputError, StatescopeError
-from statescope.stats import (CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN,
+from statescope.verdict.stats import (CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN,
                               GEOMETRY_NOT_EXERCISED, NO_EVIDENCE, SPRT, ArmSummary, Verdict,
                               clopper_pearson, decide, fisher_exact_one_sided,
                               fisher_exact_two_sided, requests_for_detection, two_arm_sample_size)
@@ -78,7 +78,7 @@ def test_two_arm_sample_size_normal_and_exact():
 
 
 def test_exact_sample_size_has_the_claimed_power():
-    from statescope.stats import _fisher_power
+    from statescope.verdict.stats import _fisher_power
     n = two_arm_sample_size(0.056, 0.0, method="exact")
     assert _fisher_power(n, 0.056, 0.0, 0.05) >= 0.9 > _fisher_power(n - 1, 0.056, 0.0, 0.05)
     # With p0 = 0 the critical count k is fixed, so power is P(Bin(n, p1) >= k); check one value.
@@ -88,7 +88,7 @@ def test_exact_sample_size_has_the_claimed_power():
 
 @pytest.mark.parametrize("n, p1, p0", [(40, 0.2, 0.05), (60, 0.1, 0.0), (30, 0.5, 0.3)])
 def test_fisher_power_matches_brute_force(n, p1, p0):
-    from statescope.stats import _fisher_power
+    from statescope.verdict.stats import _fisher_power
     power = 0.0
     for k2 in range(n + 1):
         w = st.binom.pmf(k2, n, p0)
@@ -273,7 +273,7 @@ def test_verdict_html():
 
 
 def test_sequential_decision_replays_units_in_order():
-    from statescope.reproduce import sequential_decision
+    from statescope.verdict.reproduce import sequential_decision
 
     clean = [{"episode": f"e{i}", "step": 0, "failed": False, "lifetime": 0} for i in range(60)]
     seq = sequential_decision(clean, "episode")
@@ -284,7 +284,7 @@ def test_sequential_decision_replays_units_in_order():
 
 
 def test_median_interval_order_statistics():
-    from statescope.stats import median_interval
+    from statescope.verdict.stats import median_interval
 
     lo, hi, cov = median_interval(list(range(1, 11)))  # n=10: [x_(2), x_(9)], 97.9 %
     assert (lo, hi) == (2.0, 9.0) and abs(cov - 0.978515625) < 1e-9

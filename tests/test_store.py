@@ -1,4 +1,4 @@
-"""Tests for statescope.store: append/resume, torn and corrupt lines, manifests, and a SIGKILL crash."""
+"""Tests for statescope.records: append/resume, torn and corrupt lines, manifests, and a SIGKILL crash."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from statescope.errors import InputError
-from statescope.store import (KEY_FIELDS, ResultsStore, config_hash, list_runs, load_manifest,
+from statescope.records import (KEY_FIELDS, ResultsStore, config_hash, list_runs, load_manifest,
                               load_records)
 
 CONFIG = {"enable_prefix_caching": True, "num_speculative_tokens": 2, "mamba_cache_mode": "align"}
@@ -198,7 +198,7 @@ def test_list_runs_and_loader_errors(tmp_path):
 # -- crash safety -----------------------------------------------------------------------------------
 CHILD = textwrap.dedent("""
     import sys
-    from statescope.store import ResultsStore
+    from statescope.records import ResultsStore
     store = ResultsStore(sys.argv[1], "crash")
     store.start({"k": 1})
     for step in range(10_000):

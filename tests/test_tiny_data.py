@@ -5,8 +5,9 @@ import random
 import pytest
 import torch
 
-from statescope import guilang, tiny_data
-from statescope import tinymodel as tm
+from statescope.workload import guilang
+from statescope.models import tiny_data
+from statescope.models import tinymodel as tm
 
 
 @pytest.fixture(scope="module")

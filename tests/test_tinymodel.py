@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from statescope import guilang
-from statescope import tinymodel as tm
+from statescope.workload import guilang
+from statescope.models import tinymodel as tm
 from statescope.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]

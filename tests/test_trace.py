@@ -6,9 +6,9 @@ import json
 import pytest
 
 from statescope.errors import InputError
-from statescope.screenshots import render_png
-from statescope.trace import build_messages, episodes_of, read_trace, write_trace
-from statescope.workload import PRESETS, preset_trace
+from statescope.workload.screenshots import render_png
+from statescope.workload.trace import build_messages, episodes_of, read_trace, write_trace
+from statescope.workload.episodes import PRESETS, preset_trace
 
 
 def test_repro288_preset_has_the_reported_shape(tmp_path):
@@ -79,8 +79,8 @@ def test_not_json_and_gaps(tmp_path):
 
 
 def test_geometry_places_prompt_ends(tmp_path):
-    from statescope.engine import default_model
-    from statescope.geometry import GeometryPadder
+    from statescope.engine.offline import default_model
+    from statescope.workload.geometry import GeometryPadder
 
     padder = GeometryPadder(str(default_model()), 64)
     eps = episodes_of(preset_trace("smoke", geometry="mixed"))

@@ -2,8 +2,8 @@
 
 vLLM calls ``register()`` once in every process it starts (front end, engine core, workers) before
 the worker is built. It applies the CPU import shims and, on a CPU build, installs statescope's CPU
-implementations of the fused align-mode copy kernels (``statescope.cpu_kernels``). A planted test
-fault (``STATESCOPE_FAULT``, ``statescope.faults``) and capture (``STATESCOPE_CAPTURE``) are
+implementations of the fused align-mode copy kernels (``statescope.patches.cpu_kernels``). A planted test
+fault (``STATESCOPE_FAULT``, ``statescope.patches.faults``) and capture (``STATESCOPE_CAPTURE``) are
 installed here too when their variables are set.
 
 Deliberately a no-op beyond that: with no statescope settings in the environment it changes nothing
@@ -16,17 +16,17 @@ import os
 
 def register() -> None:
     """Entry point; must not raise for a GPU build or a missing optional piece."""
-    from statescope import shims
+    from statescope.patches import shims
 
     shims.apply()
-    from statescope.capture import install_from_env
+    from statescope.capture.recorder import install_from_env
 
     install_from_env()  # no-op unless STATESCOPE_CAPTURE names a spec; raises on unsupported vLLM
     if os.environ.get("STATESCOPE_CPU_KERNELS", "1") != "0":
-        from statescope.cpu_kernels import install_cpu_kernels
+        from statescope.patches.cpu_kernels import install_cpu_kernels
 
         install_cpu_kernels()
     if os.environ.get("STATESCOPE_FAULT"):
-        from statescope.faults import install_fault
+        from statescope.patches.faults import install_fault
 
         install_fault()  # planted test faults: labelled as planted wherever they are recorded

@@ -1,0 +1,132 @@
+"""The Bayesian change-point model behind statescope's bisection: prior, posterior, information gain.
+
+What it does: items are ordered and the failure rate changes once, at location *c* (the first item
+of the "after" regime, 1 <= c <= N-1). ``RatePrior`` puts a grid prior on the (good, bad) failure
+rates: the bad rate log-uniform over ``bad_rate_min..0.99``, the good rate 0 with mass
+``good_zero_mass`` and otherwise at most ``max_good_to_bad`` of the bad one -- the asymmetry of
+flaky bugs (a failure seen is near-certain evidence of "bad"; a clean probe is only probabilistic
+evidence of "good", with a strength learnt from the failures seen so far).
+``ChangePointPosterior`` integrates both rates out exactly on that grid and gives the marginal
+over *c* and the expected information (bits) of a probe of n requests on every item at once
+(prefix sums, O(N m^2)). ``mode='fix'`` swaps which regime fails more.
+
+What it deliberately does not do: choose or run probes (``statescope.bisect.search``), model more
+than one change, or treat requests of one engine lifetime as dependent.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special, stats
+
+from statescope.errors import InputError
+
+MODES = ("regression", "fix")
+
+
+@dataclass(frozen=True)
+class RatePrior:
+    """Prior over the (good, bad) failure-rate pair, evaluated on a grid of rates."""
+    bad_rate_min: float = 0.005
+    good_zero_mass: float = 0.8
+    max_good_to_bad: float = 0.25
+    grid_size: int = 40
+
+    def grid(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rates, P[good_index, bad_index]); rates[0] is 0, the rest log-spaced up to 0.99."""
+        if not 0 < self.bad_rate_min < 0.99 or not 0 <= self.good_zero_mass <= 1 \
+                or not 0 < self.max_good_to_bad < 1 or self.grid_size < 4:
+            raise InputError(f"RatePrior {self}: expected 0 < bad_rate_min < 0.99, good_zero_mass in "
+                             "[0, 1], max_good_to_bad in (0, 1), grid_size >= 4")
+        rates = np.concatenate([[0.0], np.geomspace(min(1e-3, self.bad_rate_min), 0.99, self.grid_size)])
+        bad = (rates >= self.bad_rate_min * (1 - 1e-9)).astype(float)  # log-uniform on the grid
+        bad /= bad.sum()
+        prior = np.zeros((rates.size, rates.size))
+        for b in np.flatnonzero(bad):
+            ok = (rates > 0) & (rates <= self.max_good_to_bad * rates[b])
+            zero = self.good_zero_mass if ok.any() else 1.0
+            prior[0, b] = bad[b] * zero
+            if ok.any():
+                prior[ok, b] = bad[b] * (1 - zero) / ok.sum()
+        return rates, prior
+
+
+def _rate_loglik(k: np.ndarray, n: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    """log P(k failures in n | rate) up to the binomial coefficient, shape (len(k), len(rates))."""
+    return special.xlogy(k[:, None], rates[None, :]) + special.xlog1py((n - k)[:, None], -rates[None, :])
+
+
+class ChangePointPosterior:
+    """Posterior over the change location given per-item (requests, failures) counts."""
+
+    def __init__(self, n_items: int, mode: str = "regression", prior: RatePrior | None = None) -> None:
+        if not isinstance(n_items, numbers.Integral) or n_items < 2:
+            raise InputError(f"bisection items: expected at least 2 ordered items, got {n_items!r}")
+        if mode not in MODES:
+            raise InputError(f"bisection mode={mode!r}: expected one of {MODES}")
+        self.n_items, self.mode, self.prior = int(n_items), mode, prior or RatePrior()
+        self.rates, pair = self.prior.grid()
+        # pair is (good, bad); orient it as (before-rate, after-rate) for this mode.
+        self.pair = pair if mode == "regression" else pair.T
+        self.n = np.zeros(n_items, dtype=np.int64)
+        self.k = np.zeros(n_items, dtype=np.int64)
+        self._cache: tuple | None = None
+        self._lik: dict[int, np.ndarray] = {}
+
+    def add(self, index: int, n: int, k: int) -> None:
+        if not 0 <= index < self.n_items or not 0 <= k <= n:
+            raise InputError(f"bisection observation: expected 0 <= index < {self.n_items} and "
+                             f"0 <= k <= n, got index={index}, n={n}, k={k}")
+        self.n[index] += n
+        self.k[index] += k
+        self._cache = None
+
+    def rate_marginals(self) -> tuple[np.ndarray, np.ndarray]:
+        """(P(c, before-rate), P(c, after-rate)) given the data, c = 1..N-1 along axis 0.
+
+        The joint is prior(before, after) * L_before(c, before) * L_after(c, after), so each
+        marginal is an elementwise product with one matrix product: O(N m^2) without an N*m*m
+        table."""
+        if self._cache is None:
+            cn, ck = np.concatenate([[0], np.cumsum(self.n)]), np.concatenate([[0], np.cumsum(self.k)])
+            c = np.arange(1, self.n_items)
+            lb = _rate_loglik(ck[c], cn[c], self.rates)
+            la = _rate_loglik(ck[-1] - ck[c], cn[-1] - cn[c], self.rates)
+            mb, ma = lb.max(1, keepdims=True), la.max(1, keepdims=True)  # finite: rates > 0 exist
+            eb, ea = np.exp(lb - mb), np.exp(la - ma)
+            scale = np.exp(mb + ma - (mb + ma).max())
+            before = eb * (ea @ self.pair.T) * scale
+            after = ea * (eb @ self.pair) * scale
+            total = before.sum()
+            self._cache = (before / total, after / total)
+        return self._cache
+
+    def marginal(self) -> np.ndarray:
+        """P(change at item i) for i = 0..N-1 (item 0 always 0)."""
+        return np.concatenate([[0.0], self.rate_marginals()[0].sum(1)])
+
+    def information_gain(self, n_requests: int) -> np.ndarray:
+        """Expected information (bits) about c from a probe of n requests on each item."""
+        m_before, m_after = self.rate_marginals()
+        wc = m_before.sum(1)
+        lik = self._lik.get(n_requests)
+        if lik is None:  # P(k | rate) for k = 0..n, one row per grid rate
+            lik = self._lik[n_requests] = stats.binom.pmf(np.arange(n_requests + 1)[None, :],
+                                                          n_requests, self.rates[:, None])
+        q_before, q_after = m_before @ lik, m_after @ lik  # P(c, k) by the probed item's regime
+        def cond_entropy(q: np.ndarray) -> np.ndarray:  # -sum_k P(c,k) log P(k|c); 0 where P(c) = 0
+            given = np.divide(q, wc[:, None], out=np.ones_like(q), where=wc[:, None] > 0)
+            return -special.xlogy(q, given).sum(1)
+
+        h_before, h_after = cond_entropy(q_before), cond_entropy(q_after)
+
+        def prefix(a: np.ndarray) -> np.ndarray:  # prefix[j] = sum over c <= j (first j rows)
+            return np.concatenate([np.zeros((1,) + a.shape[1:]), np.cumsum(a, axis=0)])
+
+        pk = prefix(q_after) + (q_before.sum(0) - prefix(q_before))  # item j is "after" iff c <= j
+        h_k_given_c = prefix(h_after) + (h_before.sum() - prefix(h_before))
+        h_k = -special.xlogy(pk, pk).sum(1)
+        return np.maximum(h_k - h_k_given_c, 0.0) / math.log(2)

@@ -1,0 +1,165 @@
+"""Experiments inside builds: one cell per build, a matrix of builds, and bisection probes.
+
+What it does: ``run_cell`` runs one trigger-vs-control experiment (``statescope.verdict.reproduce``) in the
+build's own interpreter (``python -m statescope.builds run-cell REQUEST.json``; the build side is
+``statescope.builds.cell``), writing the results store and ``cell.json``; this process never
+imports the build's vLLM. ``build_matrix`` runs cells across builds (a build that fails to install
+or run fails its row only); ``plant_regression`` adds the PLANTED regression patch from a chosen
+build on; ``build_probe`` turns cells into a bisection probe (``statescope.bisect``).
+
+What it deliberately does not do: install builds itself (``statescope.builds.install``), decide
+anything statistical (``statescope.verdict.stats``, ``statescope.bisect``), or reuse a cell's engine.
+"""
+from __future__ import annotations
+
+import html
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from statescope.builds.install import _clean_env, ensure_build
+from statescope.builds.spec import REPO, BuildFailed, BuildSpec
+from statescope.errors import EnvironmentBroken, InputError
+from statescope.tables import RecordsTable
+
+MATRIX_COLUMNS = ["build", "status", "vllm", "failed", "units", "rate", "outcome", "labels", "detail"]
+
+
+@dataclass
+class CellResult:
+    """One trigger-vs-control experiment run in a build's environment (counts are the trigger's)."""
+    spec: str
+    n_units: int
+    n_failed: int
+    outcome: str
+    unit: str
+    labels: list[str]
+    vllm: str
+    torch: str
+    run_dir: str
+    log: str
+    seconds: float
+    control_units: int = 0
+    control_failed: int = 0
+    copies: dict | None = None  # the fused-copy census (``statescope.builds.cell.CopyCensus``)
+
+    @property
+    def rate(self) -> float:
+        return self.n_failed / self.n_units if self.n_units else 0.0
+
+
+def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, unit: str = "episode",
+             control: str = "reference", store_root: str | Path = "runs", run_id: str | None = None,
+             trigger_set: dict | None = None, model: str | None = None, installer: str = "auto",
+             geometry: str | None = None, timeout_s: float = 3600) -> CellResult:
+    """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken."""
+    from statescope.records import new_run_id
+
+    spec = BuildSpec.parse(spec)
+    build = ensure_build(spec, installer=installer)
+    run_dir = Path(store_root).resolve() / (run_id or new_run_id("build"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request = {"spec": spec.text,
+               "preset": preset, "seed": seed, "unit": unit, "control": control,
+               "store_root": str(run_dir.parent), "run_id": run_dir.name, "model": model,
+               "trigger_set": trigger_set or {}, "out": str(run_dir / "cell.json"),
+               "geometry": geometry}
+    (run_dir / "cell_request.json").write_text(json.dumps(request, indent=2))
+    t0 = time.perf_counter()
+    with open(run_dir / "cell.log", "wb") as log:
+        try:
+            rc = subprocess.run([str(build.python), "-m", "statescope.builds", "run-cell",
+                                 str(run_dir / "cell_request.json")], stdout=log, stderr=subprocess.STDOUT,
+                                # This checkout's statescope wins over the build's editable
+                                # install, which may point at the checkout that created it.
+                                env=_clean_env({"VLLM_LOGGING_LEVEL": "WARNING",
+                                                "PYTHONPATH": str(REPO / "lib")}), cwd=REPO,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    out = run_dir / "cell.json"
+    if rc != 0 or not out.is_file():
+        lines = [l for l in (run_dir / "cell.log").read_text(errors="replace").splitlines() if l.strip()]
+        raise EnvironmentBroken(f"build {spec.label}: experiment failed (exit {rc}): "
+                                f"{lines[-1] if lines else 'no output'} (log: {run_dir / 'cell.log'})")
+    cell = json.loads(out.read_text())
+    return CellResult(**cell, run_dir=str(run_dir), log=str(run_dir / "cell.log"),
+                      seconds=round(time.perf_counter() - t0, 1))
+
+
+class BuildMatrix(RecordsTable):
+    """One row per build: the trigger's failures, or why the build could not be measured."""
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def _repr_html_(self) -> str:
+        marked = sorted({l for r in self.rows for l in r["labels"] if "PLANTED" in l or "EMULATED" in l})
+        return "".join(f"<p style='color:#b00;font-weight:bold'>{html.escape(l)}</p>"
+                       for l in marked) + super()._repr_html_()
+
+
+def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildMatrix:
+    """``run_cell`` for every build; a build that fails to install or run fails its row only."""
+    from statescope.verdict.stats import clopper_pearson
+
+    parsed = [BuildSpec.parse(s) for s in specs]  # bad spec text is the caller's error: raise now
+    rows = []
+    for spec in parsed:
+        row: dict[str, Any] = {"build": spec.label, "status": "ok", "vllm": None, "failed": None,
+                               "units": None, "rate": None, "outcome": None,
+                               "labels": [p.label for p in spec.patches], "detail": None}
+        try:
+            c = run_cell(spec, **cell_kwargs)
+            row.update(vllm=c.vllm, failed=c.n_failed, units=c.n_units, rate=round(c.rate, 4),
+                       ci95=clopper_pearson(c.n_failed, c.n_units) if c.n_units else None,
+                       outcome=c.outcome, labels=c.labels, detail=c.run_dir, seconds=c.seconds,
+                       copies=c.copies)
+        except BuildFailed as exc:
+            row.update(status="install failed", detail=str(exc), log=str(exc.log_path))
+        except EnvironmentBroken as exc:
+            row.update(status="run failed", detail=str(exc))
+        rows.append(row)
+    return BuildMatrix("experiments per build (trigger arm)", rows, MATRIX_COLUMNS)
+
+
+def plant_regression(specs: Sequence[BuildSpec | str], from_index: int,
+                     rate: float | None = None) -> list[BuildSpec]:
+    """The specs with the PLANTED ``planted_regression`` patch added from ``from_index`` on."""
+    parsed = [BuildSpec.parse(s) for s in specs]
+    if not 0 <= from_index < len(parsed):
+        raise InputError(f"plant_regression from_index={from_index}: expected 0..{len(parsed) - 1}")
+    patch = "planted_regression" + (f"={rate}" if rate is not None else "")
+    return [s.with_patches(patch) if i >= from_index else s for i, s in enumerate(parsed)]
+
+
+def build_probe(*, setting: str | None = None, build: BuildSpec | str | None = None,
+                first_seed: int = 0, **cell_kwargs: Any) -> Callable[[Any, int], tuple[int, int]]:
+    """A bisection probe running cells (seeds first_seed, first_seed + 1, ... per item) until >= n
+    units; returns (units, failed). Items are build specs, or with ``setting`` values of that
+    EngineConfig field of the trigger arm, run in ``build``. ``first_seed`` > 0 keeps probes
+    independent of cells already run with lower seeds (re-runs of one seed are bit-identical)."""
+    seeds: dict[str, int] = {}
+
+    def probe(item: Any, n: int) -> tuple[int, int]:
+        spec = BuildSpec.parse(build if setting else item)
+        extra = {"trigger_set": {setting: item}} if setting else {}
+        key, units, failed = f"{spec.text}|{item if setting else ''}", 0, 0
+        while units < n:
+            seeds[key] = seeds.get(key, first_seed - 1) + 1
+            cell = run_cell(spec, seed=seeds[key], **extra, **cell_kwargs)
+            probe.cells.append(cell)
+            if cell.n_units == 0:
+                raise EnvironmentBroken(f"build {spec.label}: the experiment completed no units")
+            units, failed = units + cell.n_units, failed + cell.n_failed
+        return units, failed
+
+    if setting and build is None:
+        raise InputError("build_probe(setting=...): expected the build to run the values in")
+    probe.cells = []  # type: ignore[attr-defined]
+    return probe

@@ -1,0 +1,165 @@
+"""One CUDA-graph replay per step for the capture's digests of both state kinds (accelerator path).
+
+Why: on the H200 the step is host-bound at small models and the digest's cost there is not GPU
+time (0.48 ms) but the host time of launching it — two Triton launches and ~30 small torch calls
+per step. ``StepDigest`` records that work once per *bucket* of digested columns (8, 16, 32, …:
+the block-index input padded to the bucket with copies of column 0) as a CUDA graph, and replays
+it: per step one pinned upload of the block indices and one ``replay()``. The output is one flat
+byte buffer per bucket (``flat_layout`` says where the conv/ssm statistics, checksums and conv token
+rows lie, for ``Cb`` columns); the caller copies it out with the step's other results and
+``slice_columns`` drops the padding on the host.
+
+Safety: a graph is built in the step the first time its bucket is needed: the body runs once
+eagerly (warm-up: Triton compile, cached tables), is captured on a side stream
+(``capture_error_mode="thread_local"``: the flusher thread's event queries stay legal), replayed
+once and compared bit for bit with the eager result — one host synchronization per bucket for
+the engine's life (the ``StepDigest`` lives on the model runner, across capture runs). Any failure
+or mismatch turns graphs off for good (``status`` says why) and the eager path is used.
+
+The default on CUDA (``STATESCOPE_DIGEST_GRAPH=0`` turns it off), measured on the H200: round 4
+(``data/results/gpu/overhead_round4/``) built the graphs once per capture run, and in runs of ~165
+steps their synchronizing self-checks cost more host time than the replays saved (2.5 / 6.9 ms per
+step in the step's hooks vs 1.6 eager), so graphs were opt-in; built once per engine (round 5,
+``data/results/gpu/overhead_round5/``) the capture's host time per step fell from 1.54-1.64 ms
+(eager) to 1.00-1.20 ms at 6.7 B, the replayed digests equal to the eager ones on all 245,952 rows
+of one comparison (245,944 of another, not investigated), and the throughput ratio rose from
+0.91-0.94 to 0.94-0.97 (paired medians).
+
+``run(blocks, graphs=False)`` runs the same padded body eagerly (the default; CPU tests of the
+padding, layout and slicing; the fallback).
+
+What it deliberately does not do: choose blocks (``statescope.capture.run``), or copy results to
+the host (``statescope.capture.digest.to_host_async``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from statescope.capture.digest import host_to_device, pack
+
+log = logging.getLogger("statescope.capture.digest")
+ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "0": launch the digest eagerly (graphs are the default)
+MIN_BUCKET, MAX_BUCKET = 8, 1024
+
+
+def bucket(columns: int) -> int | None:
+    """The padded column count for ``columns`` digested columns (None: too many for a graph)."""
+    if columns > MAX_BUCKET:
+        return None
+    b = MIN_BUCKET
+    while b < columns:
+        b *= 2
+    return b
+
+
+def pad_columns(blocks: np.ndarray, width: int) -> np.ndarray:
+    """``blocks`` ``[L, C]`` padded to ``[L, width]`` with copies of column 0 (valid blocks, so the
+    padded reads are ordinary reads; their results are dropped)."""
+    layers, cols = blocks.shape
+    out = np.empty((layers, width), dtype=np.int64)
+    out[:, :cols] = blocks
+    out[:, cols:] = blocks[:, :1]
+    return out
+
+
+def slice_columns(values: Sequence[torch.Tensor], columns: int) -> list[torch.Tensor]:
+    """Drop the padded columns (axis 2 of ``[2, L, Cb, …]`` stacks, axis 1 of ``[L, Cb, …]``)."""
+    stats, check, rows_check, rows_sum = values
+    return [stats[:, :, :columns], check[:, :, :columns],
+            None if rows_check is None else rows_check[:, :columns],
+            None if rows_sum is None else rows_sum[:, :columns]]
+
+
+class StepDigest:
+    """Digests of both kinds for a ``[L, C]`` host block table: ``run(blocks, graphs)`` ->
+    ``(flat device buffer, layout, C)`` or None (the caller then takes the unpadded eager path).
+    One per engine (``statescope.capture.run`` keeps it on the model runner), so a graph is built
+    once per bucket for the engine's life, not once per capture run."""
+
+    def __init__(self, body: Callable[[torch.Tensor], tuple | None], device: torch.device) -> None:
+        self.body = body  # padded idx [L, Cb] (device) -> (stats2, check2, rows_check, rows_sum)
+        self.device = device
+        self.failed: str | None = None  # why graphs were turned off for good
+        self._graphs: dict[int, tuple] = {}  # bucket -> (graph, static idx, static flat, layout)
+        self._pool: Any = None
+
+    def graphs_on(self, want: bool) -> bool:
+        return want and self.device.type == "cuda" and self.failed is None
+
+    def status(self, want: bool) -> str:
+        if self.graphs_on(want):
+            return "on"
+        return self.failed if (want and self.failed) else "off"
+
+    def run(self, blocks: np.ndarray, graphs: bool = False) -> tuple | None:
+        cb = bucket(blocks.shape[1])
+        if cb is None:
+            return None
+        host = torch.from_numpy(pad_columns(blocks, cb))
+        if self.graphs_on(graphs):
+            entry = self._graphs.get(cb)
+            if entry is not None:  # the steady state: one upload, one replay
+                graph, static_idx, flat, layout = entry
+                static_idx.copy_(host.pin_memory(), non_blocking=True)
+                graph.replay()
+                return flat, layout, blocks.shape[1]
+            entry = self._build(cb, host_to_device(host, self.device))
+            if entry is not None:
+                return entry[2], entry[3], blocks.shape[1]
+        out = self.body(host_to_device(host, self.device))
+        if out is None:
+            return None
+        flat, layout = _flat(out)
+        return flat, layout, blocks.shape[1]
+
+    def _build(self, cb: int, idx: torch.Tensor) -> tuple | None:
+        try:
+            eager = self.body(idx)  # warm-up: compiles, fills the layout and weight caches
+            if eager is None:
+                raise RuntimeError("the digest body does not apply to these states")
+            ref, _ = _flat(eager)
+            static_idx = idx.clone()
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    flat, layout = _flat(self.body(static_idx))
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph.replay()
+            if not torch.equal(flat, ref):  # one synchronization per bucket per engine
+                raise RuntimeError("the replayed digest differs from the eager one")
+        except Exception as exc:  # never break the step: the eager path still works
+            self.failed = f"off after failure: {type(exc).__name__}: {exc}"[:300]
+            log.warning("statescope digest: CUDA graph for %d columns failed (%s); eager from now on",
+                        cb, exc)
+            return None
+        entry = (graph, static_idx, flat, layout)
+        self._graphs[cb] = entry
+        return entry
+
+
+def _flat(values: tuple) -> tuple[torch.Tensor, list]:
+    """One byte buffer of (stats2, check2, rows_check, rows_sum); missing row outputs stay out."""
+    present = [v for v in values if v is not None]
+    flat, layout = pack(present)
+    return flat, [layout.pop(0) if v is not None else None for v in values]
+
+
+def unflatten(flat: torch.Tensor, layout: list, columns: int) -> list[torch.Tensor]:
+    """Host side: the four outputs of ``StepDigest.run`` for the ``columns`` real columns."""
+    from statescope.capture.digest import unpack
+
+    present = unpack(flat, [x for x in layout if x is not None])
+    it = iter(present)
+    return slice_columns([next(it) if x is not None else None for x in layout], columns)

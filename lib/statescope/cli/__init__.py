@@ -1,0 +1,2 @@
+"""CLI: the ``statescope`` command, one module per command family.
+"""

@@ -1,0 +1,114 @@
+"""``statescope gpu-results [DIR] [--json]``: the committed GPU verdicts, re-derived, in a terminal.
+
+What it does: for a results folder written by ``gpu_results.collect`` (default: round 3,
+``data/results/gpu/e2e_round3/``) it recomputes the trigger-vs-control verdicts from the records
+and lists the trigger's departed requests against the async-off control; for round 3 it adds the
+factor check; for round 4 (``e2e_round4``: the trigger with and without the ``accept_sync`` patch)
+the patched-vs-unpatched verdicts against round 3's controls; for round 5's capture-overhead
+probes (``overhead_round5``, ``overhead_round6``) the throughput ratios and the goal check
+(``statescope.results.overhead``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
+it), 0 otherwise, 2 for a folder that is not a results folder.
+
+What it deliberately does not do: run anything (``statescope reproduce`` runs arms), or read the
+capture archives (``statescope continuity`` / ``diverge`` do).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from statescope.errors import InputError
+
+
+def gpu_results_report(d: Path) -> dict:
+    """{"manifest", "verdicts", "departures", "factors", "patch"} for results folder ``d``."""
+    from statescope.results import e2e as gr
+    from statescope.results import factors as gpu_round3
+    from statescope.results import patch_check as gpu_round4
+
+    d = Path(d)
+    if not any(d.glob("arms_*.jsonl")):
+        raise InputError(f"{d}: expected a GPU results folder with arms_*.jsonl (see data/results/gpu/README.md)")
+    man = gr.manifest(d) if (d / "manifest.json").is_file() else {}
+    arms = {m["arm"] for m in gr.arms(d) if m.get("label") == "tiny-gui"}
+    patch = {}
+    if (d / f"records_{gpu_round4.ARMS['accept_sync']}.jsonl").is_file():  # round 4's layout
+        patch = {"verdicts": [{k: v for k, v in r.items() if k != "guard_details"}
+                              for r in gpu_round4.patch_verdicts(d)],
+                 "table": gpu_round4.patch_table(d),
+                 "patched_vs_unpatched": gpu_round4.patched_vs_unpatched(d)}
+    return {"dir": str(d), "patch": patch,
+            "manifest": {k: man.get(k) for k in ("vllm", "torch", "gpu", "driver", "date_utc", "round")},
+            "verdicts": patch.get("verdicts") or [{k: v for k, v in r.items() if k != "guard_details"}
+                                                  for r in gr.verdict_table(d)],
+            "departures": gpu_round3.departures(d) if {"trigger", "no_async"} <= arms else [],
+            "factors": gpu_round3.factor_table(d) if (d / "factors").is_dir() else []}
+
+
+def gpu_results_command(args: Any) -> int:
+    from statescope.results import factors as gpu_round3
+    from statescope.verdict.stats import CORRUPTION_DETECTED
+
+    d = Path(args.dir) if args.dir else gpu_round3.R3_DIR
+    from statescope.results import overhead as gpu_overhead_rounds
+
+    if gpu_overhead_rounds.is_overhead_round(d):  # capture-overhead probes: no verdicts
+        return overhead_command(d, args.json)
+    rep = gpu_results_report(d)
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        import pandas as pd
+
+        m = rep["manifest"]
+        print(f"{rep['dir']}: vLLM {m.get('vllm')} on {m.get('gpu')} (driver {m.get('driver')}), {m.get('date_utc')}")
+        cols = ["model", "trigger_build", "control", "outcome", "trigger_failed", "trigger_units", "control_failed",
+                "control_units", "fisher_p"]
+        v = pd.DataFrame(rep["verdicts"])
+        print(v[[c for c in cols if c in v]].to_string(index=False))
+        for key, title in (("departures", "trigger requests that differ from the async-off control"),
+                           ("factors", "each configuration vs the eager async-off control (288 shared requests)")):
+            if rep[key]:
+                print(f"\n{title}:")
+                print(pd.DataFrame(rep[key]).drop(columns=["which"], errors="ignore").to_string(index=False))
+        if rep["patch"]:
+            print("\neach trigger vs each of round 3's controls (requests whose output differs):")
+            print(pd.DataFrame(rep["patch"]["table"]).to_string(index=False))
+            pv = rep["patch"]["patched_vs_unpatched"]
+            print(f"\nunpatched {pv['unpatched_failed_episodes']}/{pv['unpatched_episodes']} episodes vs "
+                  f"accept_sync {pv['patched_failed_episodes']}/{pv['patched_episodes']}: one-sided Fisher "
+                  f"p = {pv['fisher_p_one_sided']:.2g}")
+    return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
+
+
+def overhead_command(d: Path, as_json: bool) -> int:
+    """Rounds 5-6's probes: throughput ratios with intervals and the goal check (exit 0); round 6
+    also pools its two calls of the same code (a secondary reading)."""
+    from statescope.results import overhead as gor
+
+    rep = {"dir": str(d), "rows": gor.overhead_rows(d), "goal": gor.goal_check(d),
+           "pooled": gor.pooled_check(d) if gor.probe_files(d) == gor.R6_PROBES else []}
+    if as_json:
+        print(json.dumps(rep, indent=2))
+    else:
+        import pandas as pd
+
+        print(f"{d}: capture overhead, 6.7 B random hybrid (ratios to capture off, paired by round)")
+        print(pd.DataFrame(rep["rows"]).to_string(index=False))
+        print("\ngoal (digest mode >= 0.97 of capture off, the whole interval):")
+        print(pd.DataFrame(rep["goal"]).to_string(index=False))
+        if rep["pooled"]:
+            print("\npooled over the calls of the same code (secondary):")
+            print(pd.DataFrame(rep["pooled"]).to_string(index=False))
+    return 0
+
+
+def add_gpu_results_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
+                                                  "(exit 1 if corruption was detected)")
+    p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3; "
+                                          "data/results/gpu/e2e_round4 for the accept_sync patch, "
+                                          "data/results/gpu/overhead_round5 or overhead_round6 for the capture's cost)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=gpu_results_command)

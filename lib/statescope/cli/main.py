@@ -1,0 +1,201 @@
+"""The ``statescope`` command line: the scriptable face of the workbook.
+
+What it does: one subcommand per report, each with ``--json`` for machines and a short human form
+otherwise; exit status 0 when the report is good, 1 when it found a problem, 2 for bad input. Each
+subcommand is a thin wrapper over a library call that notebooks use too.
+
+What it deliberately does not do: hold logic of its own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from statescope.errors import InputError, StatescopeError
+
+
+def _print(obj, as_json: bool) -> None:
+    print(json.dumps(obj.to_dict(), indent=2, default=str) if as_json else repr(obj))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from statescope.engine.doctor import run_doctor
+
+    report = run_doctor(args.model, start_engine=not args.no_engine)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        for c in report.checks:
+            print(f"{'ok ' if c.ok else 'FAIL'} {c.name:<24} {c.detail}")
+    if not report.ok:
+        bad = report.first_failure
+        print(f"statescope doctor: {bad.name}: {bad.detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_workbook(args: argparse.Namespace) -> int:
+    import os
+
+    from statescope.share.render import run_notebooks
+
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
+    results = run_notebooks(args.notebooks or None, out_dir=args.out)
+    for r in results:
+        print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['html']} ({r['seconds']:.0f} s)")
+        if not r["ok"]:
+            print(f"statescope workbook: {r['notebook']}: {r['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def _config_overrides(pairs: list[str], where: str) -> dict:
+    """``key=value`` pairs (JSON values, else strings) for EngineConfig fields."""
+    import dataclasses
+
+    from statescope.engine.offline import EngineConfig
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    out = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in fields:
+            raise InputError(f"{where} {pair!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from statescope.workload.trace import write_trace
+    from statescope.workload.episodes import preset_trace
+
+    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed, geometry=args.geometry)
+    path = write_trace(steps, args.out)
+    info = {"trace": str(path), "requests": len(steps),
+            "episodes": len({s.episode for s in steps}), "images": sum(s.n_images for s in steps)}
+    print(json.dumps(info, indent=2) if args.json else
+          f"wrote {info['requests']} requests ({info['episodes']} episodes) to {path}")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    import time
+
+    from statescope.engine.offline import model_path
+    from statescope.patches.faults import FaultSpec
+    from statescope.verdict.reproduce import reproduce, standard_arms
+    from statescope.workload.trace import read_trace
+    from statescope.workload.episodes import preset_trace
+
+    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset,
+                                                                   geometry=args.geometry)
+    trigger, control = standard_arms(args.control)
+    common = {"model": str(model_path(args.model))} if args.model else {}
+    trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
+    control.config = control.config.replace(**common, **_config_overrides(args.control_set, "--control-set"))
+    if args.fault:
+        kind, _, rest = args.fault.partition(":")
+        rate = float(rest) if rest else 1.0
+        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
+    trigger.copy_semantics = args.copy_semantics
+    result = reproduce(trigger, control, trace, store_root=args.runs,
+                       run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
+                       runner=args.runner, unit=args.unit, concurrency=args.concurrency,
+                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(result.verdict.outcome.upper() + ": " + result.verdict.explanation)
+        print(f"records: {result.run_dir}")
+    return 0 if result.verdict.outcome in ("no evidence", "corruption detected") else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("doctor", help="versions, model and a short start of the trigger config")
+    d.add_argument("--model", default=None, help="model directory or name under data/models")
+    d.add_argument("--no-engine", action="store_true", help="skip the engine start")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+    w = sub.add_parser("workbook", help="execute notebooks headless and render HTML to reports/")
+    w.add_argument("notebooks", nargs="*", help="notebook names (default: all in notebooks/)")
+    w.add_argument("--out", default="reports")
+    w.add_argument("--json", action="store_true")
+    w.set_defaults(func=cmd_workbook)
+    wl = sub.add_parser("workload", help="write a GUI-agent trace file (JSONL) from a preset")
+    wl.add_argument("--preset", default="laptop", help="smoke | laptop | repro288 | long")
+    wl.add_argument("--vision", action="store_true", help="attach 1-3 PNG screenshots per step")
+    wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument("--geometry", default=None, help="before | at | after | mixed: prompt ends "
+                                                     "relative to the resolved Mamba block size")
+    wl.add_argument("--out", default="runs/trace.jsonl")
+    wl.add_argument("--json", action="store_true")
+    wl.set_defaults(func=cmd_workload)
+    r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
+    r.add_argument("--preset", default="smoke")
+    r.add_argument("--trace", help="a trace file (overrides --preset)")
+    r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed")
+    r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
+    r.add_argument("--control", default="no_prefix_cache",
+                   help="no_prefix_cache | no_mtp | no_async | reference")
+    r.add_argument("--model", help="model directory or name under data/models")
+    r.add_argument("--trigger-set", action="append", metavar="FIELD=VALUE",
+                   help="override an EngineConfig field of the trigger arm (repeatable)")
+    r.add_argument("--control-set", action="append", metavar="FIELD=VALUE")
+    r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
+    r.add_argument("--episodes-per-lifetime", type=int, default=None,
+                   help="reset the prefix cache after this many episodes (engine_lifetime unit)")
+    r.add_argument("--fault", help="PLANTED test fault on the trigger arm: KIND[:RATE], "
+                                   "KIND one of zero_conv, zero_ssm, nan_conv, nan_ssm")
+    r.add_argument("--copy-semantics", default=None,
+                   help="CPU copy-kernel semantics of the trigger arm (barrierless_tiles = "
+                        "EMULATED GPU race)")
+    r.add_argument("--alpha", type=float, default=0.01)
+    r.add_argument("--concurrency", type=int, default=32)
+    r.add_argument("--runs", default="runs")
+    r.add_argument("--run-id")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_reproduce)
+    from statescope.cli.capture import add_capture_subcommands
+    from statescope.gpu.racecheck import add_racecheck_subcommand
+
+    from statescope.diverge.report import add_diverge_subcommand
+    from statescope.bisect import add_bisect_subcommands
+    from statescope.builds import add_build_subcommands
+
+    add_capture_subcommands(sub)
+    add_diverge_subcommand(sub)
+    from statescope.diverge.conv_continuity import add_continuity_subcommand; add_continuity_subcommand(sub)  # noqa: E702
+    add_racecheck_subcommand(sub)
+    add_build_subcommands(sub)
+    add_bisect_subcommands(sub)
+    from statescope.cli.render import add_render_subcommand; add_render_subcommand(sub)  # noqa: E702
+    from statescope.cli.gpu import add_gpu_results_subcommand; add_gpu_results_subcommand(sub)  # noqa: E702
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before any vLLM import
+    # vLLM logs to stdout by default; stdout is for reports (and --json must stay parseable).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        print(f"statescope {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except StatescopeError as exc:
+        print(f"statescope {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

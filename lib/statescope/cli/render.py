@@ -1,0 +1,74 @@
+"""``statescope render``: execute notebooks with parameters and write scrubbed, shareable renders.
+
+What it does: registers the ``render`` subcommand (``add_render_subcommand``). ``statescope render
+07_teach_failure_mode -p max_tokens=8 --out reports/share`` writes ``reports/share/<stem>/`` (HTML,
+GitHub Markdown, ``summary.md``, PNGs, figure data, manifest); ``--all`` renders every notebook
+and an ``INDEX.md``. Exit status: 0 all notebooks ran, 1 a notebook failed or a secret survived
+scrubbing (the render is refused), 2 bad input.
+
+What it deliberately does not do: hold logic (``statescope.share.render.render_for_sharing``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _parameters(pairs: list[str] | None) -> dict:
+    from statescope.errors import InputError
+
+    out = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise InputError(f"-p {pair!r}: expected NAME=VALUE (VALUE as JSON, else a string)")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    import os
+
+    from statescope.errors import InputError
+    from statescope.share.render import notebook_paths, render_all, render_for_sharing
+
+    if not args.all and not args.notebooks:
+        raise InputError("render: name notebooks (or paths), or pass --all")
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
+    kw = dict(parameters=_parameters(args.param), png=not args.no_png, timeout_s=args.timeout)
+    if args.all:
+        results = render_all(args.out, names=args.notebooks or None, **kw)
+    else:
+        sources = [n for n in args.notebooks]
+        for s in sources:  # fail on a bad name before executing anything
+            if not os.path.isfile(s):
+                notebook_paths([s])
+        results = [render_for_sharing(s, args.out, **kw) for s in sources]
+    for r in results:
+        pngs = sum(1 for f in r["figures"] if f["png"])
+        print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['dir']} ({r['seconds']:.0f} s, "
+              f"{pngs}/{len(r['figures'])} PNG, summary {r['summary_chars']} chars)",
+              file=sys.stderr if args.json else sys.stdout)
+        if not r["ok"]:
+            print(f"statescope render: {r['notebook']}: {r['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def add_render_subcommand(sub: argparse._SubParsersAction) -> None:
+    r = sub.add_parser("render", help="execute notebooks (papermill) and write scrubbed HTML, "
+                                      "Markdown, PNGs and an issue-ready summary.md")
+    r.add_argument("notebooks", nargs="*", help="notebook names in notebooks/ or paths")
+    r.add_argument("--all", action="store_true", help="every notebook in notebooks/, plus INDEX.md")
+    r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
+                   help="papermill parameter (repeatable; VALUE is JSON, else a string)")
+    r.add_argument("--out", default="reports/share")
+    r.add_argument("--no-png", action="store_true", help="skip the PNG export (no Chromium needed)")
+    r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_render)

@@ -1,0 +1,223 @@
+"""Exact conv-window continuity: which accepted count each decode step's conv update applied.
+
+What it does: a speculative decode step keeps ``W = kernel - 1 + num_speculative_tokens`` conv rows
+per request; the next decode step's conv update reads ``kernel - 1`` of them starting at row
+``accepted - 1``, appends its new inputs and writes the last ``W`` rows back, so the new window's
+first ``kernel - 2`` rows are the old window's rows ``a .. a + kernel - 3`` bit for bit, where ``a``
+is the accepted count it read. ``conv_shift_check(run)`` compares, per (request, decode -> decode
+transition, GDN layer), the per-row checksums of the captured windows (digest mode keeps them) and
+lists every shift ``s`` with ``old[s:s + carry] == new[:carry]`` (``observed_shifts``) against the
+accepted count sampled at the previous step minus the bias of an in-place post-process left
+shift there (census ``left_shift_same_block``; ``expected_shift``). At a step whose own digest is
+read after such a shift by ``b``, the check is instead that the rows the shift duplicates agree
+(row ``j`` == row ``j + b``) and that the surviving carried rows are the expected old rows
+(``inplace_shift_intact``). Each row also says whether the request's batch row moved and how many
+prefill rows (``num_scheduled_tokens > num_drafts + 1``) of the capture's requests shared the
+batch. ``continuity_summary(df)`` counts breaks and tabulates them by expected shift x moved x
+prefill-in-batch. No reference run and no tolerance: checksums are compared exactly.
+
+Geometry comes from the manifest (``states[].conv_width``, ``conv_window`` = kernel - 1,
+``num_speculative_tokens``), GDN layers from the digests.
+
+What it deliberately does not do: check prefill -> decode or decode -> prefill transitions (a prefill
+writes the window whole), transitions where either step scheduled fewer drafts than
+``num_speculative_tokens`` (their row alignment was never measured), pre-copies into a new block
+(not corrected for), or say *why* a shift is wrong (``statescope.diverge.hypotheses`` scores that).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+
+from statescope.capture.store import CaptureRun
+from statescope.errors import InputError
+
+
+def _open(run: str | os.PathLike | CaptureRun) -> CaptureRun:
+    return run if isinstance(run, CaptureRun) else CaptureRun(run)
+
+
+def window_geometry(run: CaptureRun) -> dict[str, int]:
+    """``{"rows": W, "kernel": K, "num_spec": n, "carry": K - 2}`` from the run's manifest."""
+    m = run.manifest
+    live, spec = m.get("conv_window"), m.get("num_speculative_tokens")
+    if live is None or spec is None:
+        field = "conv_window" if live is None else "num_speculative_tokens"
+        raise InputError(f"capture run {run.path}: manifest lacks {field!r} (needed for the conv "
+                         "window geometry)")
+    widths = {int(s["conv_width"]) for s in m.get("states", []) if s.get("kind") == "conv"}
+    rows = widths.pop() if len(widths) == 1 else int(live) + int(spec)
+    if rows != int(live) + int(spec):
+        raise InputError(f"capture run {run.path}: manifest states conv_width {rows} != conv_window "
+                         f"{live} + num_speculative_tokens {spec}")
+    if int(live) < 2 or int(spec) < 1:
+        raise InputError(f"capture run {run.path}: conv_window={live}, num_speculative_tokens="
+                         f"{spec}: the check needs kernel >= 3 and speculative decoding")
+    return {"rows": rows, "kernel": int(live) + 1, "num_spec": int(spec), "carry": int(live) - 1}
+
+
+def inplace_shift_bias(copies: pd.DataFrame) -> dict[tuple[str, int], int]:
+    """``{(req_id, engine_step): bias}`` of the census's in-place (same-block) conv left shifts."""
+    if copies.empty or "kind" not in copies:
+        return {}
+    sh = copies[(copies["kind"] == "left_shift_same_block") & (copies["nbytes"] > 0)]
+    return {(r, int(e)): int(b) for r, e, b in zip(sh["req_id"], sh["engine_step"], sh["bias"])}
+
+
+def _layer_order(name: str) -> tuple:
+    """``model.layers.10.linear_attn`` after ``model.layers.2.linear_attn``."""
+    return tuple(int(p) if p.isdigit() else -1 for p in str(name).split(".")), str(name)
+
+
+def _need(run: CaptureRun, frame: pd.DataFrame, table: str, columns: list[str]) -> None:
+    missing = [c for c in columns if c not in frame]
+    if frame.empty or missing:
+        raise InputError(f"capture run {run.path}: {table} table lacks "
+                         f"{missing or 'rows'} (conv continuity needs per-row conv checksums "
+                         "and accepted counts: a digest-mode capture of a speculative run)")
+
+
+def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
+    """One row per (request, decode -> decode transition, GDN layer); see the module docstring."""
+    run = _open(run)
+    geo = window_geometry(run)
+    rows_w, carry, spec = geo["rows"], geo["carry"], geo["num_spec"]
+    steps, dig = run.steps(), run.digests()
+    _need(run, steps, "steps", ["req_id", "req_step", "engine_step", "num_drafts",
+                                "num_scheduled_tokens", "batch_row"])
+    acc_col = next((c for c in ("num_accepted_sampled", "accepted") if c in steps), None)
+    if acc_col is None:
+        raise InputError(f"capture run {run.path}: steps table lacks 'num_accepted_sampled' "
+                         "(or 'accepted'): the accepted counts the check compares with")
+    _need(run, dig, "digests", ["req_id", "req_step", "layer", "kind", "row_checksums"])
+    conv = dig[dig["kind"] == "conv"]
+    if "column_offset" in conv:
+        conv = conv[conv["column_offset"] == 0]  # the running column only
+    if conv.empty or conv["row_checksums"].isna().all():
+        raise InputError(f"capture run {run.path}: digests field 'row_checksums' is empty for "
+                         "conv states (no per-row conv checksums recorded)")
+    windows = {(r, int(s), l): [int(x) for x in c] for r, s, l, c in
+               zip(conv["req_id"], conv["req_step"], conv["layer"], conv["row_checksums"])
+               if c is not None}
+    layers = sorted(conv["layer"].unique(), key=_layer_order)
+    bias = inplace_shift_bias(run.copies())
+    prefill = steps[steps["num_scheduled_tokens"] > steps["num_drafts"] + 1]
+    prefill_rows = prefill.groupby("engine_step").size().to_dict()
+    used = "num_accepted_used" in steps
+    blocks = "running_blocks" in steps
+    out = []
+    for rid, m in steps.sort_values("req_step").groupby("req_id", sort=False):
+        recs = m.to_dict("records")
+        for prev, cur in zip(recs, recs[1:]):
+            if int(cur["req_step"]) != int(prev["req_step"]) + 1:
+                continue  # a step of the request was not captured
+            if int(prev["num_drafts"]) != spec or int(cur["num_drafts"]) != spec:
+                continue  # decode -> decode with a full draft set only
+            b_prev = bias.get((rid, int(prev["engine_step"])), 0)
+            b_cur = bias.get((rid, int(cur["engine_step"])), 0)
+            expected = int(prev[acc_col]) - b_prev
+            base = {"req_id": rid, "req_step": int(cur["req_step"]),
+                    "engine_step": int(cur["engine_step"]), "engine_step_prev": int(prev["engine_step"]),
+                    "accepted_prev": int(prev[acc_col]), "expected_shift": expected,
+                    "used_recorded": (int(prev["num_accepted_used"]) if used and
+                                      pd.notna(prev["num_accepted_used"]) else None),
+                    "inplace_shift_bias_prev": b_prev, "inplace_shift_bias": b_cur,
+                    "batch_row_prev": int(prev["batch_row"]), "batch_row": int(cur["batch_row"]),
+                    "moved": int(prev["batch_row"]) != int(cur["batch_row"]),
+                    "prefill_rows_in_batch": int(prefill_rows.get(int(cur["engine_step"]), 0)),
+                    "block_change": (list(prev["running_blocks"]) != list(cur["running_blocks"])
+                                     if blocks else None)}
+            for layer in layers:
+                p = windows.get((rid, int(prev["req_step"]), layer))
+                c = windows.get((rid, int(cur["req_step"]), layer))
+                if p is None or c is None or len(p) != rows_w or len(c) != rows_w:
+                    continue
+                shifts = [s for s in range(rows_w - carry + 1) if p[s:s + carry] == c[:carry]]
+                intact = None
+                if b_cur:  # read after an in-place shift by b_cur: duplicated rows must agree ...
+                    dup = [j for j in range(rows_w) if rows_w - 1 - 2 * b_cur < j <= rows_w - 1 - b_cur]
+                    intact = all(c[j] == c[j + b_cur] for j in dup)
+                    for j in range(max(0, carry - b_cur)):  # ... and carried rows moved up by b_cur
+                        if expected + b_cur + j < rows_w:
+                            intact = intact and c[j] == p[expected + b_cur + j]
+                out.append({**base, "layer": layer, "observed_shifts": shifts,
+                            "inplace_shift_intact": intact,
+                            "ok": bool(intact if b_cur else expected in shifts)})
+    cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts", "ok"]
+    return pd.DataFrame(out) if out else pd.DataFrame(columns=cols)
+
+
+def continuity_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Counts of a ``conv_shift_check`` frame; a transition (request, step) breaks if any layer does."""
+    if df.empty:
+        return {"rows_checked": 0, "transitions_checked": 0, "break_transitions": 0,
+                "requests_checked": 0, "requests_with_break": 0, "break_engine_steps": [],
+                "breaks_per_layer_agree": True, "observed_vs_expected": [], "contingency": []}
+    key = ["req_id", "req_step"]
+    tr = df.groupby(key, sort=False).agg(
+        ok=("ok", "all"), layers=("ok", "size"), broken_layers=("ok", lambda x: int((~x).sum())),
+        engine_step=("engine_step", "first"), expected_shift=("expected_shift", "first"),
+        observed=("observed_shifts", lambda x: str(list(x.iloc[0]))),
+        moved=("moved", "first"), prefill=("prefill_rows_in_batch", "first")).reset_index()
+    bad = tr[~tr["ok"]]
+    tr["prefill_in_batch"] = tr["prefill"] > 0
+    table = tr.groupby(["expected_shift", "moved", "prefill_in_batch"]).agg(
+        transitions=("ok", "size"), broken=("ok", lambda x: int((~x).sum()))).reset_index()
+    obs = bad.groupby(["expected_shift", "observed"]).size().rename("transitions").reset_index()
+    return {
+        "rows_checked": int(len(df)), "transitions_checked": int(len(tr)),
+        "break_transitions": int(len(bad)),
+        "break_transitions_moved": int(bad["moved"].sum()),
+        "requests_checked": int(tr["req_id"].nunique()),
+        "requests_with_break": int(bad["req_id"].nunique()),
+        "break_engine_steps": sorted({int(e) for e in bad["engine_step"]}),
+        "breaks_per_layer_agree": bool((bad["broken_layers"] == bad["layers"]).all()),
+        "observed_vs_expected": [{"expected_shift": int(e), "observed_shifts": o, "transitions": int(n)}
+                                 for e, o, n in obs.itertuples(index=False)],
+        "contingency": [{"expected_shift": int(e), "moved": bool(m), "prefill_in_batch": bool(p),
+                         "transitions": int(t), "broken": int(b)}
+                        for e, m, p, t, b in table.itertuples(index=False)],
+    }
+
+
+def run_continuity(run: str | os.PathLike | CaptureRun) -> pd.DataFrame | None:
+    """``conv_shift_check(run)``, or None where the run cannot be checked (no speculative
+    decoding, no per-row conv checksums): for callers that use the check when it applies."""
+    from statescope.errors import InputError
+
+    try:
+        return conv_shift_check(run)
+    except InputError:
+        return None
+
+
+def continuity_command(args: Any) -> int:
+    """``statescope continuity RUN``: the check needs no reference run; exit 1 if a shift broke."""
+    import json
+
+    df = conv_shift_check(args.run)
+    summary = continuity_summary(df)
+    breaks = df[~df["ok"]] if not df.empty else df
+    if args.json:
+        print(json.dumps({"run": str(args.run), "summary": summary,
+                          "breaks": breaks.to_dict(orient="records")}, indent=2, default=str))
+    else:
+        print(f"{summary['break_transitions']} of {summary['transitions_checked']} decode transitions "
+              f"({summary['requests_with_break']} of {summary['requests_checked']} requests): the conv "
+              "update applied a shift other than the accepted count")
+        if len(breaks):
+            cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts",
+                    "moved", "prefill_rows_in_batch"]
+            print(breaks[[c for c in cols if c in breaks]].head(args.limit).to_string(index=False))
+    return 1 if summary["break_transitions"] else 0
+
+
+def add_continuity_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("continuity", help="exact check, from a digest capture alone, that each "
+                                                 "decode step's conv update shifted by the accepted count")
+    p.add_argument("run", help="capture run directory (digest or full mode, speculative decoding on)")
+    p.add_argument("--limit", type=int, default=40, help="break rows to print")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=continuity_command)

@@ -1,0 +1,314 @@
+"""Where a captured run's state first departs from a captured reference run of the same prompts.
+
+What it does: ``divergence_report(run_dir, reference_dir)`` lines the two runs up with
+``capture_diff.digest_diff`` and, per request (prompt), reports the first request-local step where
+a digest differs: which GDN layers and state kinds, which live conv rows (row 0 = the window's
+leading, oldest row; the last = the newest), the size of the difference (largest relative
+difference of a statistic, or of a live row's sum for the conv window) and whether NaN/Inf
+appeared. Next to it go the events of that step and the one before, read from the run's own step
+records and copy census (``step_events``): prefix-cache hit, block-boundary crossing, drafts
+scheduled, accepted count (and, where the capture records ``num_accepted_sampled`` /
+``num_accepted_used``, whether the count the state update used differs from the one sampled), a
+same-block left-shift copy, post-process copies, and which engine steps also ran a prefill.
+``statescope.diverge.by_position`` builds the same report by token position in tolerance units.
+``DivergenceReport`` has ``to_dict()``, ``_repr_html_`` and ``heatmap()`` (plotly, layer × step or
+token position, log10 of the difference). ``diverge_command`` / ``add_diverge_subcommand`` are the
+CLI: ``statescope diverge RUN --reference REF [--by-position [--noise CLEAN ...]] [--planted NAME]
+[--json]`` prints the per-request first divergence and the hypothesis table.
+
+What it deliberately does not do: judge which mechanism fits (``statescope.diverge.hypotheses``), record
+runs (``statescope.capture.session``) or compare runs of different workloads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from statescope.diverge.digest_diff import digest_diff
+from statescope.capture.store import CaptureRun
+from statescope.errors import InputError
+
+EVENT_WINDOW = 1  # events are read at the first divergent step and this many steps before it
+
+
+def _open(path: str | os.PathLike | CaptureRun, what: str) -> CaptureRun:
+    if isinstance(path, CaptureRun):
+        return path
+    if not os.path.isdir(path):
+        raise InputError(f"diverge {what} {path}: not a directory (expected a capture run)")
+    return CaptureRun(path)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    scale = np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-30)
+    rel = np.where(np.isnan(a) & np.isnan(b), 0.0, np.abs(a - b) / scale)
+    return np.nan_to_num(rel, nan=np.inf)
+
+
+def _live_rows(row: pd.Series, width: int) -> tuple[list[int], float]:
+    """Indices (within the live window) of conv rows that differ, and the largest row-sum gap."""
+    oa, ob = row.get("conv_live_offset_a"), row.get("conv_live_offset_b")
+    if oa is None or ob is None or pd.isna(oa) or pd.isna(ob) or row["row_checksums_a"] is None:
+        return [], float(row["stat_rel_diff"])
+    ca = list(row["row_checksums_a"])[int(oa):int(oa) + width]
+    cb = list(row["row_checksums_b"])[int(ob):int(ob) + width]
+    sa = np.array(list(row["row_sums_a"])[int(oa):int(oa) + width], float)
+    sb = np.array(list(row["row_sums_b"])[int(ob):int(ob) + width], float)
+    n = min(len(ca), len(cb), len(sa), len(sb))
+    rel = _rel(sa[:n], sb[:n]) if n else np.zeros(0)
+    rows = [i for i in range(n) if ca[i] != cb[i] or rel[i] > 0]
+    return rows, float(rel.max()) if n else 0.0
+
+
+def _magnitudes(m: pd.DataFrame, width: int) -> pd.DataFrame:
+    """Add ``magnitude`` (live rows for conv) and ``conv_rows`` columns to a digest_diff frame."""
+    mags, rows = [], []
+    for _, r in m.iterrows():
+        if r["kind"] == "conv":
+            idx, mag = _live_rows(r, width)
+            rows.append(idx)
+            mags.append(mag if not r["same"] else 0.0)
+        else:
+            rows.append([])
+            mags.append(float(r["stat_rel_diff"]) if not r["same"] else 0.0)
+    m = m.copy()
+    m["magnitude"], m["conv_rows"] = mags, rows
+    return m
+
+
+def step_events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any]:
+    """What the run's step records and copy census say about ``req_id`` at ``steps``."""
+    st, cp = run.steps(), run.copies()
+    mine = st[st["req_id"] == req_id].sort_values("req_step")
+    at = mine[mine["req_step"].isin(steps)]
+    ev: dict[str, Any] = {"steps": [int(s) for s in steps], "prefix_hit_tokens": 0,
+                          "block_crossing": False, "num_drafts": [], "accepted": [],
+                          "same_block_left_shift": False, "shift_steps": [], "copy_kinds": {},
+                          "postprocess_copy_steps": [], "batch_has_prefill": False, "prefill_steps": [],
+                          "accepted_mismatch": None, "accepted_used": None,
+                          "accepted_recorded": "sampled only (no num_accepted_used column)"}
+    if mine.empty:
+        return ev
+    hits = mine["prefix_hit_tokens"].fillna(0)
+    ev["prefix_hit_tokens"] = int(hits.max())
+    by_step = mine.set_index("req_step")
+    bs = int(run.manifest.get("block_size") or 0) or 1
+    nct = by_step["num_computed_tokens"]
+    for s in steps:  # computed tokens before vs after the step lie in different blocks
+        if s not in by_step.index:
+            continue
+        after = nct[s + 1] if s + 1 in nct.index else nct[s] + int(by_step.loc[s, "accepted"])
+        if nct[s] // bs != after // bs:
+            ev["block_crossing"] = True
+    ev["num_drafts"] = [int(x) for x in at["num_drafts"]]
+    ev["accepted"] = [int(x) if pd.notna(x) else None for x in at["accepted"]]
+    if {"num_accepted_sampled", "num_accepted_used"} <= set(at.columns):
+        pairs = at[["num_accepted_sampled", "num_accepted_used"]].dropna()
+        if len(pairs):  # the count the state update used vs the one sampled (H-accept)
+            ev["accepted_used"] = [int(x) for x in pairs["num_accepted_used"]]
+            ev["accepted_mismatch"] = bool((pairs.iloc[:, 0] != pairs.iloc[:, 1]).any())
+            ev["accepted_recorded"] = "sampled and used"
+    engine_steps = {int(e): int(s) for e, s in zip(at["engine_step"], at["req_step"])}
+    if not cp.empty:
+        mc = cp[(cp["req_id"] == req_id) & cp["engine_step"].isin(list(engine_steps))]
+        ev["copy_kinds"] = {str(k): int(v) for k, v in mc["kind"].value_counts().items()}
+        sh = mc[(mc["kind"] == "left_shift_same_block") & (mc["nbytes"] > 0)]
+        ev["same_block_left_shift"] = bool(len(sh))
+        ev["shift_steps"] = sorted({engine_steps[int(e)] for e in sh["engine_step"]})
+        pp = mc[(mc["launch_kind"] == "postprocess") & (mc["nbytes"] > 0)] \
+            if "launch_kind" in mc else mc.iloc[:0]
+        ev["postprocess_copy_steps"] = sorted({engine_steps[int(e)] for e in pp["engine_step"]})
+    batch = st[st["engine_step"].isin(list(engine_steps))]
+    prefill = batch["num_scheduled_tokens"] > batch["num_drafts"] + 1
+    ev["batch_has_prefill"] = bool(prefill.any())
+    ev["prefill_steps"] = sorted({engine_steps[int(e)] for e in batch[prefill]["engine_step"]})
+    return ev
+
+
+@dataclass
+class DivergenceReport:
+    """Per-request first divergence of ``run`` against ``reference`` (see module docstring)."""
+
+    run: str
+    reference: str
+    requests: list[dict] = field(default_factory=list)
+    cells: pd.DataFrame = field(default_factory=pd.DataFrame)  # prompt, req_step, layer, kind, magnitude
+    gdn_layers: int = 0
+    conv_window: int = 0
+    unit: str = "relative difference"  # of ``magnitude``; "tolerance units" for position reports
+    tolerance: dict | None = None  # the noise calibration used, when there is one
+
+    @property
+    def diverged(self) -> list[dict]:
+        return [r for r in self.requests if r["first_step"] is not None]
+
+    def to_dict(self) -> dict:
+        return {"run": self.run, "reference": self.reference, "gdn_layers": self.gdn_layers,
+                "conv_window": self.conv_window, "unit": self.unit, "tolerance": self.tolerance,
+                "requests_compared": len(self.requests),
+                "requests_diverged": len(self.diverged), "requests": self.requests}
+
+    def table(self) -> pd.DataFrame:
+        rows = []
+        for r in self.requests:
+            ev = r.get("events", {})
+            rows.append({"req_id": r["req_id"], "first_step": r["first_step"],
+                         **({"position": r["position"]} if "position" in r else {}),
+                         "kinds": ",".join(r["kinds"]), "layers": len(r["layers"]),
+                         "conv_rows": r["conv_rows"], "magnitude": r["magnitude"],
+                         "nan_or_inf": r["nan_or_inf"],
+                         "same_block_shift": ev.get("same_block_left_shift"),
+                         "block_crossing": ev.get("block_crossing"),
+                         "prefix_hit_tokens": ev.get("prefix_hit_tokens"),
+                         "accepted": ev.get("accepted")})
+        return pd.DataFrame(rows)
+
+    def _repr_html_(self) -> str:
+        head = (f"<p><b>Divergence</b> of <code>{self.run}</code> from <code>{self.reference}</code>: "
+                f"{len(self.diverged)} of {len(self.requests)} requests diverge "
+                f"({self.gdn_layers} GDN layers, live conv window {self.conv_window} rows; "
+                f"conv row 0 = leading/oldest; magnitude in {self.unit}).</p>")
+        return head + self.table().to_html(index=False)
+
+    def heatmap(self, req_id: str | None = None):
+        """Plotly heatmap, (layer, kind) × request step, of log10 difference for one request
+        (default: the first that diverges; all requests' maximum when none does)."""
+        import plotly.graph_objects as go
+
+        c = self.cells
+        target = req_id or (self.diverged[0]["req_id"] if self.diverged else None)
+        if target is not None:
+            sha = {r["req_id"]: r["prompt_sha"] for r in self.requests}.get(target, target)
+            c = c[c["prompt_sha"] == sha]
+            if c.empty:
+                raise InputError(f"diverge heatmap: no request {target!r} in the report")
+        c = c.assign(row=c["layer"].str.replace(".linear_attn", "", regex=False) + " " + c["kind"])
+        x = "position" if "position" in c and target is not None else "req_step"
+        grid = c.pivot_table(index="row", columns=x, values="magnitude", aggfunc="max")
+        low = -3.0 if self.unit == "tolerance units" else -12.0
+        z = np.log10(np.clip(grid.to_numpy(float), 10 ** low, None))
+        z = np.where(np.isinf(grid.to_numpy(float)), 12.0, z)
+        fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index),
+                                   colorscale="Viridis", zmin=low,
+                                   colorbar={"title": f"log10 {self.unit}"}))
+        fig.update_layout(title=f"State divergence, request {target or 'all (max)'}",
+                          xaxis_title="token position" if x == "position" else "request step",
+                          yaxis_title="layer / state", height=360)
+        self._mark_events(fig, c, x, target)
+        return fig
+
+    def _mark_events(self, fig: Any, cells: pd.DataFrame, x: str, target: str | None) -> None:
+        """Vertical markers: same-block shifts, post-process copies, the first divergence."""
+        rec = next((r for r in self.diverged if r["req_id"] == target), None)
+        if rec is None:
+            return
+        where = cells.groupby("req_step")[x].min() if x in cells else pd.Series(dtype=float)
+        ev = rec.get("events") or {}
+        marks = [(s, "shift", "orange") for s in ev.get("shift_steps", [])]
+        marks += [(s, "post-process copy", "white") for s in ev.get("postprocess_copy_steps", [])]
+        marks.append((rec["first_step"], "first divergence", "red"))
+        for step, label, colour in marks:
+            if step in where.index:
+                fig.add_vline(x=float(where[step]), line_color=colour, line_dash="dot",
+                              annotation_text=label, annotation_position="top left")
+
+
+def divergence_report(run_dir: str | os.PathLike | CaptureRun,
+                      reference_dir: str | os.PathLike | CaptureRun,
+                      rtol: float = 1e-5) -> DivergenceReport:
+    """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts)."""
+    run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
+    width = int(run.manifest.get("conv_window", 0))
+    m = digest_diff(ref, run, rtol)
+    report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
+    if m.empty:
+        return report
+    m = _magnitudes(m, width)
+    report.gdn_layers = int(m["layer"].nunique())
+    report.cells = m[["prompt_sha", "req_id_b", "req_step", "layer", "kind", "magnitude"]]
+    for sha, g in m.groupby("prompt_sha"):
+        bad = g[~g["same"].astype(bool)]
+        rec: dict[str, Any] = {"prompt_sha": sha, "req_id": g["req_id_b"].iloc[0],
+                               "reference_req_id": g["req_id_a"].iloc[0],
+                               "steps_compared": int(g["req_step"].nunique()), "first_step": None,
+                               "kinds": [], "layers": [], "conv_rows": [], "magnitude": 0.0,
+                               "nan_or_inf": False, "ssm_lag": None, "events": {}}
+        if len(bad):
+            first = int(bad["req_step"].min())
+            at = bad[bad["req_step"] == first]
+            conv_rows = sorted({i for rows in at["conv_rows"] for i in rows})
+            bad_ssm = bad[bad["kind"] == "ssm"]["req_step"]
+            rec.update(first_step=first, kinds=sorted(at["kind"].unique()),
+                       layers=sorted(at["layer"].unique()), conv_rows=conv_rows,
+                       magnitude=float(at["magnitude"].max()),
+                       nan_or_inf=bool((at[[c for c in ("nan_b", "inf_b") if c in at]].fillna(0)
+                                        .to_numpy() > 0).any()),
+                       ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
+                       events=step_events(run, rec["req_id"],
+                                      list(range(max(0, first - EVENT_WINDOW), first + 1))))
+        if isinstance(rec["magnitude"], float) and math.isinf(rec["magnitude"]):
+            rec["magnitude"] = "inf"  # JSON has no infinity
+        report.requests.append(rec)
+    report.requests.sort(key=lambda r: (r["first_step"] is None, r["first_step"] or 0, r["req_id"]))
+    return report
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+def _position_report(args: argparse.Namespace) -> DivergenceReport:
+    from statescope.diverge.by_position import position_report
+    from statescope.diverge.noise import calibrate, compare_states
+    from statescope.diverge.replay import CapturedStates
+
+    run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
+    # no clean runs given: compare the reference with itself, so only the floor sets tolerance
+    clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
+    tol = calibrate([compare_states(c, ref) for c in clean],
+                    [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
+    return position_report(run, ref, tol)
+
+
+def diverge_command(args: argparse.Namespace) -> int:
+    from statescope.diverge.hypotheses import hypothesis_table, run_context
+
+    report = (_position_report(args) if args.by_position
+              else divergence_report(args.run, args.reference, rtol=args.rtol))
+    from statescope.diverge.conv_continuity import run_continuity
+
+    run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
+    table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
+                             continuity=run_continuity(run))
+    if args.json:
+        print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
+    else:
+        print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
+              f"({report.run} vs {report.reference}; magnitude in {report.unit})")
+        if report.requests:
+            print(report.table().to_string(index=False))
+        print(table.frame()[["rank", "hypothesis", "label", "supports", "contradicts",
+                             "not_exercised", "why"]].to_string(index=False))
+    return 0
+
+
+def add_diverge_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("diverge", help="where a capture run first departs from a reference run")
+    p.add_argument("run", help="capture run directory")
+    p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
+    p.add_argument("--by-position", action="store_true",
+                   help="compare full-mode captures by (request, token position) in tolerance units")
+    p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
+                   help="with --by-position: clean full-mode runs of the same prompts; tolerance "
+                        "= 2x their largest difference from the reference (floor: 1/256 of scale)")
+    p.add_argument("--planted", default=None,
+                   help="planted fault / copy semantics of RUN (e.g. barrierless_tiles, "
+                        "permute_accepted): its mechanism is labelled EMULATED")
+    p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
+    p.set_defaults(func=diverge_command)

@@ -1,0 +1,313 @@
+"""Read the committed end-to-end GPU results (``data/results/gpu/e2e/``) and re-derive their tables.
+
+What it does: ``collect`` turns what a device job returned (parts_X.jsonl, arms_X.jsonl, the results
+store's records.jsonl, the capture archive, the log) into the committed layout — records compacted to
+the fields the verdict reads, logs cut to their last lines — and writes ``verdicts.json`` computed by
+``statescope.gpu.e2e_arms.verdict_rows``. The readers (``arms``, ``records``, ``parts``) and the tables
+(``verdict_table``, ``overhead_table``, ``sweep_table``, ``kernel_table``, ``decision_summary``,
+``guard_table``) work without a GPU or vLLM, for the notebook and the tests, which recompute the
+verdicts from the records and compare them with the committed file.
+
+What it deliberately does not do: run anything on a device, or edit results by hand.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from statescope.errors import InputError
+
+E2E_DIR = Path(__file__).resolve().parents[3] / "data" / "results" / "gpu" / "e2e"
+RECORD_FIELDS = ("run_id", "build", "config_hash", "episode", "step", "text", "output_token_ids",
+                 "finish_reason", "margins", "num_cached_tokens")
+MODELS = ("tiny-gui", "tiny-gui-hd96")
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{i + 1}: expected one JSON object per line ({exc})") from None
+    return out
+
+
+def compact_record(rec: dict) -> dict:
+    out = {k: rec.get(k) for k in RECORD_FIELDS}
+    out["margins"] = [None if m is None else round(float(m), 5) for m in (rec.get("margins") or [])]
+    out["prompt_tokens"] = len(rec.get("prompt_token_ids") or [])
+    return out
+
+
+def collect(returned: str | Path, dest: str | Path = E2E_DIR, log_lines: int = 400) -> list[str]:
+    """Copy one job's returned files into ``dest`` (compacting records and logs); returns names."""
+    src, dest = Path(returned), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in sorted(src.glob("*.jsonl")):
+        shutil.copyfile(f, dest / f.name)
+        written.append(f.name)
+    for rec_file in sorted(src.glob("store/*/records.jsonl")):
+        label = rec_file.parent.name.removeprefix("e2e_")
+        target = dest / f"records_{label}.jsonl"
+        have = _jsonl(target)  # a later call may add arms of the same model: append, no duplicates
+        keys = {tuple(r[k] for k in ("build", "config_hash", "episode", "step")) for r in have}
+        rows = [c for c in map(compact_record, _jsonl(rec_file))
+                if tuple(c[k] for k in ("build", "config_hash", "episode", "step")) not in keys]
+        target.write_text("".join(json.dumps(r) + "\n" for r in have + rows))
+        written.append(f"records_{label}.jsonl")
+    for f in sorted(src.glob("capture_*.tar.gz")):
+        shutil.copyfile(f, dest / f.name)
+        written.append(f.name)
+    for f in sorted(src.glob("job*.log")):
+        lines = f.read_text(errors="replace").splitlines()
+        (dest / f.name).write_text("\n".join(lines[-log_lines:]) + "\n")
+        written.append(f.name)
+    return written
+
+
+def manifest(d: Path = E2E_DIR) -> dict:
+    """The e2e manifest (versions, GPU, driver, commands, device seconds)."""
+    path = Path(d) / "manifest.json"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by scripts/gpu_collect.py)")
+    return json.loads(path.read_text())
+
+
+def earlier_overhead(d: Path = E2E_DIR) -> dict:
+    """The earlier session's GPU capture-overhead ratios (capture_gpu.json, CUDA graphs on)."""
+    old = json.loads((Path(d).parent / "capture_gpu.json").read_text())
+    return {"ratio_median": old["ratio_median"], "ratio_best": old["ratio_best"]}
+
+
+def race_table(d: Path = E2E_DIR) -> Any:
+    """batch_memcpy corruption rate per shift, unpatched vs overlap-safe (race probe round 2)."""
+    import pandas as pd
+
+    race = pd.read_csv(Path(d).parent / "racecheck_round2.csv")
+    return race[race.kernel == "batch_memcpy"].pivot_table(index="shift_bytes", columns="patched",
+                                                           values="rate")
+
+
+def arms(d: Path = E2E_DIR) -> list[dict]:
+    """Every arm's meta (all jobs), in file order."""
+    return [m for f in sorted(Path(d).glob("arms_*.jsonl")) for m in _jsonl(f)]
+
+
+def parts(d: Path = E2E_DIR) -> list[dict]:
+    return [dict(p, job=f.stem.split("_")[-1]) for f in sorted(Path(d).glob("parts_*.jsonl"))
+            for p in _jsonl(f)]
+
+
+def part(name: str, d: Path = E2E_DIR) -> dict | None:
+    """The last successful result of part ``name`` (None when it never finished)."""
+    ok = [p for p in parts(d) if p["part"] == name and p["status"] == "ok"]
+    return ok[-1]["result"] if ok else None
+
+
+def records(label: str, d: Path = E2E_DIR) -> list[dict]:
+    return _jsonl(Path(d) / f"records_{label}.jsonl")
+
+
+def verdict_table(d: Path = E2E_DIR) -> list[dict]:
+    """Recompute trigger-vs-control verdicts per model from the committed records."""
+    from statescope.gpu.e2e_arms import verdict_rows
+
+    metas = arms(d)
+    out = []
+    for label in MODELS:
+        mine = [m for m in metas if m.get("label") == label]
+        if not mine:
+            out.append({"model": label, "control": "all", "outcome": "not run"})
+            continue
+        out += verdict_rows(mine, records(label, d), label=label)
+    return out
+
+
+def guard_table(d: Path = E2E_DIR) -> list[dict]:
+    """Trigger-arm engagement per model: vLLM's counters and the capture's hit/draft counts."""
+    rows = []
+    for m in arms(d):
+        if m["arm"] != "trigger":
+            continue
+        met, cap = m["metrics"], (m.get("after") or {}).get("capture") or {}
+        rows.append({"model": m["label"], "prefix_cache_hits": met.get("prefix_cache_hits"),
+                     "prefix_cache_queries": met.get("prefix_cache_queries"),
+                     "spec_accepted_tokens": met.get("spec_accepted_tokens"),
+                     "spec_draft_tokens": met.get("spec_draft_tokens"),
+                     "capture_hit_requests": cap.get("hit_requests"),
+                     "capture_in_place_shift_requests": cap.get("in_place_shift_requests"),
+                     "mamba_block_size": m["resolved"].get("mamba_block_size"),
+                     "async_scheduling": m["resolved"].get("async_scheduling"),
+                     "enforce_eager": m["resolved"].get("enforce_eager")})
+    return rows
+
+
+def trigger_summary(d: Path = E2E_DIR) -> list[dict]:
+    """Per trigger arm, what it exercised and produced, from its records, meta and capture summary:
+    degenerate outputs (``reproduce.label_rows`` without a control), valid actions, prefix-cache hits
+    per request, MTP acceptance, and the copy census (in-place conv shifts on the GPU)."""
+    from statescope.workload import guilang
+    from statescope.gpu.e2e_arms import _arm_run
+    from statescope.verdict.reproduce import label_rows
+
+    out = []
+    for m in arms(d):
+        if m["arm"] != "trigger":
+            continue
+        run = _arm_run(m, records(m["label"], d))
+        labels = label_rows(run, None, action_validator=guilang.is_valid_action)
+        cap = (m.get("after") or {}).get("capture") or {}
+        met = run.metrics
+        out.append({
+            "model": m["label"], "requests": len(run.rows),
+            "degenerate": sum(l["degenerate"] for l in labels),
+            "valid_actions": sum(guilang.is_valid_action(r["text"]) for r in run.rows),
+            "requests_with_cache_hit": sum((r["num_cached_tokens"] or 0) > 0 for r in run.rows),
+            "cached_token_share": met["prefix_cache_hits"] / met["prefix_cache_queries"]
+            if met["prefix_cache_queries"] else None,
+            "prefix_cache_source": met["prefix_cache_source"],
+            "vllm_prefix_cache_queries": m["metrics"].get("prefix_cache_queries"),
+            "spec_acceptance": met.get("spec_acceptance_rate"),
+            "capture_hit_requests": cap.get("hit_requests"), "capture_requests": cap.get("requests"),
+            "census": (cap.get("census") or {}).get("by_launch_and_state"),
+            "in_place_shift_requests": cap.get("in_place_shift_requests"),
+            "mamba_block_size": m["resolved"].get("mamba_block_size"),
+            "enforce_eager": m["resolved"].get("enforce_eager"),
+            "async_scheduling": m["resolved"].get("async_scheduling"),
+            "runner": m["resolved"].get("model_runner")})
+    return out
+
+
+def overhead_table(d: Path = E2E_DIR) -> list[dict]:
+    """Capture overhead per model from the raw timed rounds (ratios recomputed here)."""
+    from statescope.gpu.e2e_arms import overhead_ratios
+
+    sources = [(m["label"], (m.get("after") or {}).get("overhead")) for m in arms(d) if m["arm"] == "trigger"]
+    names = sorted({p["part"] for p in parts(d) if p["part"].startswith("large_overhead")})
+    for name in names:  # large_overhead (round 1's name), large_overhead_<size>
+        large = part(name, d)
+        if large:
+            sources.append(("random hybrid, %.1f B params" % (large["params"] / 1e9), large))
+    out = []
+    for label, ov in sources:
+        if not ov:
+            continue
+        for mode, r in overhead_ratios(ov["rows"]).items():
+            if mode == "off":
+                continue
+            rows = [x for x in ov["rows"] if x["mode"] == mode]
+            host = [x["capture_host_s"] / x["engine_steps"] for x in rows
+                    if x.get("capture_host_s") is not None and x.get("engine_steps")]
+            wall = [x["seconds"] / x["engine_steps"] for x in rows if x.get("engine_steps")]
+            out.append({"model": label, "mode": mode, **r,
+                        "capture_host_ms_per_step": 1e3 * sum(host) / len(host) if host else None,
+                        "captured_round_ms_per_step": 1e3 * sum(wall) / len(wall) if wall else None})
+    return out
+
+
+def capture_on_off(d: Path = E2E_DIR, off_dir: Path | None = None, label: str = "tiny-gui") -> dict:
+    """The trigger arm run twice on the same machine and model, capture on (``d``) and off
+    (``off_dir``, default ``e2e_capture_off`` beside it): requests compared text for text and
+    token for token, and each run's requests that differ from the first control present."""
+    off_dir = Path(off_dir) if off_dir else Path(d).parent / "e2e_capture_off"
+
+    def trigger_rows(where: Path) -> dict:
+        m = [a for a in arms(where) if a["label"] == label and a["arm"] == "trigger"]
+        if not m:
+            raise InputError(f"{where}: no trigger arm of {label} (arms_*.jsonl)")
+        rows = [r for r in records(label, where) if r["build"] == "trigger" and r["config_hash"] == m[-1]["key"]]
+        return {(r["episode"], r["step"]): r for r in rows}
+
+    on, off = trigger_rows(Path(d)), trigger_rows(off_dir)
+    ctl_meta = [a for a in arms(d) if a["label"] == label and a["arm"] != "trigger"]
+    ctl = {}
+    if ctl_meta:
+        c = ctl_meta[0]
+        ctl = {(r["episode"], r["step"]): r for r in records(label, d)
+               if r["build"] == c["arm"] and r["config_hash"] == c["key"]}
+    common = sorted(set(on) & set(off))
+    return {"requests": len(common),
+            "same_text": sum(on[k]["text"] == off[k]["text"] for k in common),
+            "same_tokens": sum(on[k]["output_token_ids"] == off[k]["output_token_ids"] for k in common),
+            "control": ctl_meta[0]["arm"] if ctl_meta else None,
+            "differ_from_control_on": sorted(k for k in common if k in ctl and on[k]["text"] != ctl[k]["text"]),
+            "differ_from_control_off": sorted(k for k in common if k in ctl and off[k]["text"] != ctl[k]["text"])}
+
+
+def sweep_table(d: Path = E2E_DIR) -> list[dict]:
+    """Prefix-cache hit blocks vs prompt length in blocks, per model and arm (MTP on/off)."""
+    out = []
+    for m in arms(d):
+        for r in (m.get("after") or {}).get("sweep") or []:
+            out.append({"model": m["label"], "arm": m["arm"], **r})
+    return out
+
+
+def kernel_table(d: Path = E2E_DIR) -> list[dict]:
+    res = part("kernel_agreement", d)
+    return res["rows"] if res else []
+
+
+def decision_summary(d: Path = E2E_DIR) -> dict | None:
+    res = part("gpu_decision", d)
+    if not res:
+        return None
+    b = res["bisect"]
+    return {"answer": b["answer"], "answer_meaning": b["answer_meaning"], "confidence": b["confidence"],
+            "probes": len(b["probes"]), "requests_used": b["requests_used"], "stopped": b["stopped"],
+            "shift_bytes": res["shift_bytes"], "per_build": res["per_build"]}
+
+
+def bisect_result(d: Path = E2E_DIR) -> Any:
+    """The committed decision as a ``statescope.bisect.BisectResult`` (for its figure)."""
+    from statescope.bisect import BisectResult, ProbeRecord
+
+    res = part("gpu_decision", d)
+    if not res:
+        return None
+    b = dict(res["bisect"])
+    b.pop("answer", None)
+    b.pop("answer_meaning", None)
+    b["probes"] = [ProbeRecord(**p) for p in b["probes"]]
+    return BisectResult(**b)
+
+
+def localization(d: Path = E2E_DIR) -> dict:
+    """``localization.json``: where the compiled trigger's captured states first depart from the
+    float64 oracle, and the exact conv-window continuity check (scripts/gpu_localize.py)."""
+    path = Path(d) / "localization.json"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by scripts/gpu_localize.py)")
+    return json.loads(path.read_text())
+
+
+def continuity_table(d: Path = E2E_DIR) -> list[dict]:
+    """Decode-to-decode transitions after 3 accepted tokens, by whether the request's batch row
+    moved and whether the batch also held prefill rows: how many the conv update shifted wrongly."""
+    return localization(d)["continuity"]["request_transitions_prev_accepted_3"]
+
+
+def departure_table(d: Path = E2E_DIR) -> list[dict]:
+    """Per request whose text departed from the control: the first step beyond noise and what the
+    capture recorded around it (accepted counts, prefill in the batch, prefix hit, shifts)."""
+    out = []
+    for r in localization(d)["requests"]:
+        if not r.get("divergent"):
+            continue
+        f = r.get("first_oracle_departure") or {}
+        ev = f.get("events") or {}
+        out.append({"episode": r["episode"], "step": r["step"], "text_differs_at_token": r["first_output_diff"],
+                    "first_state_departure_step": f.get("first_step"), "position": f.get("position"),
+                    "kinds": f.get("kinds"), "gdn_layers": len(f.get("layers") or []),
+                    "units": round(f["magnitude_units"], 1) if f.get("magnitude_units") else None,
+                    "accepted_before": ev.get("accepted"), "batch_has_prefill": ev.get("batch_has_prefill"),
+                    "prefix_hit_tokens": ev.get("prefix_hit_tokens"),
+                    "in_place_shift_steps": r.get("inplace_shift_steps")})
+    return out

@@ -1,0 +1,146 @@
+"""Read the GPU capture-overhead probes of rounds 5 and 6 (``data/results/gpu/overhead_round{5,6}/``).
+
+Each round folder holds one ``probe_7b_call<N>.json`` per device call of
+``scripts/gpu_overhead_probe.py`` on the 6.7 B random hybrid with real vLLM 0.26.0 on the H200
+(compiled, CUDA graphs, async scheduling, prefix caching + align + MTP(2)), on two workloads:
+``decode`` (32 one-block prompts of ~2,100 tokens, 160 tokens each: short steps, the worst case for
+a per-step cost) and ``gui`` (the workbook's shape: 4 agents x 8 steps, 2,432-token prompts sharing
+2,048 tokens, 64 tokens each). Round 5 measured the CUDA-graph digest built once per engine; round 6
+the step's compact record (``statescope.capture.facts``). ``overhead_rows`` gives one row per (file,
+workload, mode): the paired-median throughput ratio to capture off, its distribution-free interval
+(``statescope.verdict.stats.median_interval`` over the paired rounds, recomputed here, not read), the ratio
+of medians, the capture's host milliseconds per step in the step and in the flusher, and (round 6)
+whether every digest round's capture really ran. ``goal_check`` says, per call and workload,
+whether the issue's goal (digest mode at most 3 % slower than capture off) is shown: only if the
+whole interval is at or above 0.97. ``pooled_check`` pools the paired rounds of several calls of
+the same code — a secondary reading, labelled as one (different engine starts add their spread).
+
+What it deliberately does not do: re-run anything, or pool calls that ran different code.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from statescope.results import e2e as gr
+from statescope.errors import InputError
+from statescope.verdict.stats import median_interval
+
+R5_DIR = gr.E2E_DIR.parent / "overhead_round5"
+R6_DIR = gr.E2E_DIR.parent / "overhead_round6"
+R5_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call9.json", "probe_7b_call10.json")
+R6_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call7.json")
+R6_SAME_CODE = ("probe_7b_call6.json", "probe_7b_call7.json")  # 6fe7952 both (call 3: an earlier tree)
+GOAL = 0.97  # digest mode: at most 3 % throughput loss (issue 7)
+
+
+def probe_files(d: Path) -> tuple[str, ...]:
+    """The probe files a round folder must hold: round 6's list where its manifest says round 6,
+    else round 5's."""
+    man = Path(d) / "manifest.json"
+    try:
+        rnd = json.loads(man.read_text()).get("round") if man.is_file() else 5
+    except ValueError as exc:
+        raise InputError(f"{man}: not JSON ({exc})") from None
+    return R6_PROBES if rnd == 6 else R5_PROBES
+
+
+def is_overhead_round(d: Path) -> bool:
+    """Whether ``d`` is a capture-overhead round folder (it holds the first call's probe)."""
+    return (Path(d) / R5_PROBES[0]).is_file()
+
+
+def _load(path: Path) -> dict:
+    if not path.is_file():
+        raise InputError(f"{path}: missing (scripts/gpu_overhead_probe.py writes it; see docs/gpu.md)")
+    res = json.loads(path.read_text()).get("7b")
+    if not isinstance(res, dict) or "summary" not in res:
+        raise InputError(f"{path}: field '7b.summary' missing (expected a probe of the 6.7 B hybrid)")
+    return res
+
+
+def _workloads(res: dict) -> dict:
+    """Round-5 files of the first two calls predate workloads: their top level is ``decode``."""
+    return res.get("workloads") or {"decode": res}
+
+
+def _paired(part: dict, mode: str) -> tuple[list[float], list[float], list[float]]:
+    off = [r["tokens"] / r["seconds"] for r in part["rows"] if r["mode"] == "off"]
+    rates = [r["tokens"] / r["seconds"] for r in part["rows"] if r["mode"] == mode]
+    return off, rates, [a / b for a, b in zip(rates, off)]
+
+
+def _capture_ran(part: dict, mode: str) -> str | None:
+    """Round 6 records, per round, whether the capture ran (the probe tolerates hook errors):
+    "all N" when every round's run is complete with no hook error and digest rows, else which not."""
+    rs = [r for r in part["rows"] if r["mode"] == mode]
+    if not rs or "status" not in rs[0]:
+        return None  # round 5 did not record it
+    bad = [r["round"] for r in rs if r.get("status") != "complete" or r.get("hook_errors")
+           or not r.get("digest_rows")]
+    return f"all {len(rs)}" if not bad else f"not in rounds {bad}"
+
+
+def overhead_rows(d: Path = R5_DIR) -> list[dict]:
+    rows = []
+    for name in probe_files(d):
+        res = _load(Path(d) / name)
+        for wl, part in _workloads(res).items():
+            for mode, s in part["summary"].items():
+                if mode == "off":
+                    continue
+                off, rates, paired = _paired(part, mode)
+                lo, hi, cov = median_interval(paired)
+                by = s.get("by_name_ms_per_step", {})
+                agree = part.get("graph_vs_eager") or {}
+                rows.append({
+                    "file": name, "workload": wl, "mode": mode, "rounds": len(paired),
+                    "prompt_tokens": f"{min(part.get('prompt_tokens') or [0])}-{max(part.get('prompt_tokens') or [0])}",
+                    "max_tokens": part.get("max_tokens"),
+                    "paired_median": round(statistics.median(paired), 3),
+                    "ci_lo": round(lo, 3), "ci_hi": round(hi, 3), "ci_coverage": round(cov, 3),
+                    "ratio_of_medians": round(statistics.median(rates) / statistics.median(off), 3),
+                    "host_ms_in_step": round(sum(v for k, v in by.items() if k != "drain"), 3),
+                    "host_ms_flusher": round(by.get("drain", 0.0), 3),
+                    "digest_graph": ",".join(s.get("digest_graph") or []),
+                    "graph_vs_eager_identical": (f"{agree['identical']}/{agree['rows_compared']}"
+                                                 if "identical" in agree else None),
+                    "capture_ran": _capture_ran(part, mode)})
+    return rows
+
+
+def goal_check(d: Path = R5_DIR) -> list[dict]:
+    """Per (file, workload) of the CUDA-graph digest: is ``GOAL`` shown (interval >= 0.97),
+    ruled out (interval below it), or open (the interval straddles it)?"""
+    out = []
+    for r in overhead_rows(d):
+        if r["mode"] != "digest":
+            continue
+        out.append({"file": r["file"], "workload": r["workload"], "rounds": r["rounds"],
+                    "paired_median": r["paired_median"], "interval": f"{r['ci_lo']}-{r['ci_hi']}",
+                    "ratio_of_medians": r["ratio_of_medians"], "goal": _verdict(r["ci_lo"], r["ci_hi"])})
+    return out
+
+
+def _verdict(lo: float, hi: float) -> str:
+    return ("met" if lo >= GOAL else "not met" if hi < GOAL else
+            "not shown (interval straddles 0.97)")
+
+
+def pooled_check(d: Path = R6_DIR, files: tuple[str, ...] = R6_SAME_CODE) -> list[dict]:
+    """Per workload: the digest mode's paired rounds of ``files`` (calls of the same code) pooled,
+    with the interval of their median and the goal verdict on it."""
+    parts: dict[str, list[float]] = {}
+    for name in files:
+        for wl, part in _workloads(_load(Path(d) / name)).items():
+            parts.setdefault(wl, []).extend(_paired(part, "digest")[2])
+    out = []
+    for wl, paired in parts.items():
+        lo, hi, cov = median_interval(paired)
+        out.append({"pooled": "+".join(f.removeprefix("probe_7b_").removesuffix(".json") for f in files),
+                    "workload": wl, "rounds": len(paired),
+                    "paired_median": round(statistics.median(paired), 3),
+                    "interval": f"{round(lo, 3)}-{round(hi, 3)}", "ci_coverage": round(cov, 3),
+                    "goal": _verdict(round(lo, 3), round(hi, 3))})
+    return out

