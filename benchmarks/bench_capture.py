@@ -124,7 +124,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from statescope.capture import recorder as capture
     from statescope.capture.session import boundary_prompts
-    from statescope.engine.offline import EngineConfig, OfflineEngine
+    from statescope.engine.offline import OfflineEngine
+    from statescope.engine.config import EngineConfig
 
     engine = OfflineEngine(EngineConfig())
     # prompts ending just before a block boundary: every align-mode copy path runs

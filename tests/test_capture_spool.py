@@ -57,7 +57,7 @@ def test_unreadable_record_names_the_file_and_byte(tmp_path):
 
 @pytest.fixture
 def trigger(engine_pool, monkeypatch):
-    from statescope.engine.offline import EngineConfig
+    from statescope.engine.config import EngineConfig
 
     monkeypatch.setenv("STATESCOPE_CAPTURE_STRICT", "1")
     engine = engine_pool.get(EngineConfig())

@@ -143,7 +143,7 @@ def test_clean_run_is_continuous_and_a_planted_count_swap_breaks_it_where_plante
         engine_pool, tmp_path):
     from conftest import TRIGGER
     from statescope.capture.session import record
-    from statescope.capture.spec import prompt_sha
+    from statescope.workload.trace import prompt_sha
     from statescope.diverge.report import divergence_report
     from statescope.diverge.study import staggered_prompts
     from statescope.patches.faults import FaultSpec, install_fault, uninstall_fault

@@ -52,7 +52,7 @@ def test_step_digest_eager_without_a_gpu_and_graphs_off_on_cpu():
 @pytest.mark.engine
 def test_padded_step_digest_gives_the_same_rows(engine_pool, tmp_path, monkeypatch):
     from statescope.capture.store import CaptureRun
-    from statescope.engine.offline import EngineConfig
+    from statescope.engine.config import EngineConfig
 
     engine = engine_pool.get(EngineConfig())
     prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 5)

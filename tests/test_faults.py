@@ -10,7 +10,7 @@ import torch
 
 import statescope  # noqa: F401
 from statescope.patches import faults
-from statescope.capture.spec import prompt_sha
+from statescope.workload.trace import prompt_sha
 from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
 

@@ -13,7 +13,8 @@ import json
 import pytest
 
 import statescope  # noqa: F401
-from statescope.diverge.report import add_diverge_subcommand, divergence_report
+from statescope.diverge.report import divergence_report
+from statescope.cli.diverge import add_diverge_subcommand
 from statescope.errors import InputError
 from statescope.diverge.hypotheses import (CONTRADICTS, NOT_EXERCISED, SCORERS, SUPPORTS, RunContext,
                                    hypothesis_table, score_accept, score_copy, score_drop,

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from statescope.engine.offline import EngineConfig, OfflineEngine, import_vllm
+from statescope.engine.offline import OfflineEngine, import_vllm
+from statescope.engine.config import EngineConfig
 from statescope.errors import EnvironmentBroken, InputError
 
 

@@ -120,11 +120,13 @@ def test_results_frame_format() -> None:
 # --- CLI without CUDA -------------------------------------------------------------------------
 
 def test_cli_fails_cleanly_without_cuda() -> None:
+    from statescope.cli import gpu as gpu_cli
+
     assert not torch.cuda.is_available()
     parser = argparse.ArgumentParser(prog="statescope")
-    racecheck.add_racecheck_subcommand(parser.add_subparsers(dest="command", required=True))
+    gpu_cli.add_racecheck_subcommand(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["racecheck", "--preset", "qwen35-27b", "--tp", "2", "--copies", "10", "--json"])
-    assert args.func is racecheck.racecheck_command and args.tp == 2
+    assert args.func is gpu_cli.racecheck_command and args.tp == 2
     with pytest.raises(EnvironmentBroken) as exc:
         args.func(args)
     msg = str(exc.value)

@@ -35,7 +35,7 @@ def study(engine_pool, tmp_path_factory):
 
     engine = engine_pool.get(TRIGGER)
     prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])
-    from statescope.capture.spec import prompt_sha
+    from statescope.workload.trace import prompt_sha
 
     shas = [prompt_sha(p) for p in prompts]
     faults = {  # the swap partner is the last prompt, still in prefill (accepted 1) at step 1
@@ -185,7 +185,7 @@ def test_cli_by_position_prints_first_divergence_and_hypothesis_table(study, cap
     import argparse
 
     from statescope.diverge import study as dd
-    from statescope.diverge.report import add_diverge_subcommand
+    from statescope.cli.diverge import add_diverge_subcommand
 
     p = dd.planted_step(study, "drop_postprocess_copy")
     parser = argparse.ArgumentParser()

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 import statescope  # noqa: F401  (CPU import shims first)
-from statescope.engine.offline import EngineConfig
+from statescope.engine.config import EngineConfig
 from statescope.errors import EnvironmentBroken
 from statescope.engine.server import (ServerStartError, VllmServer, cli_args, metrics_from_prometheus,
                                parse_prometheus)

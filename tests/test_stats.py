@@ -9,7 +9,7 @@ from scipy import stats as st
 
 from statescope.errors import InputError, StatescopeError
 from statescope.verdict.stats import (CONTROL_BROKEN, CORRUPTION_DETECTED, ENGINE_BROKEN,
-                              GEOMETRY_NOT_EXERCISED, NO_EVIDENCE, SPRT, ArmSummary, Verdict,
+                              GEOMETRY_NOT_EXERCISED, NO_EVIDENCE, SPRT, ArmSummary, ArmVerdict,
                               clopper_pearson, decide, fisher_exact_one_sided,
                               fisher_exact_two_sided, requests_for_detection, two_arm_sample_size)
 
@@ -269,7 +269,7 @@ def test_verdict_html():
     assert "prefix_cache_engaged" in h
     g = decide(_trigger(prefix_cache_hits=0), _control())._repr_html_()
     assert GEOMETRY_NOT_EXERCISED in g and "FAIL" in g
-    assert isinstance(v, Verdict)
+    assert isinstance(v, ArmVerdict)
 
 
 def test_sequential_decision_replays_units_in_order():

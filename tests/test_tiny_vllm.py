@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from statescope.engine.offline import EngineConfig
+from statescope.engine.config import EngineConfig
 
 MODEL = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-gui"
 # The workbook's trigger configuration, with a 64-token attention/Mamba block (vLLM-CPU's default

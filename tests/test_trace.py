@@ -79,7 +79,7 @@ def test_not_json_and_gaps(tmp_path):
 
 
 def test_geometry_places_prompt_ends(tmp_path):
-    from statescope.engine.offline import default_model
+    from statescope.engine.config import default_model
     from statescope.workload.geometry import GeometryPadder
 
     padder = GeometryPadder(str(default_model()), 64)

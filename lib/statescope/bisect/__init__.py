@@ -1,7 +1,7 @@
 """Bayesian bisection for a flaky change point over an ordered list (builds, commits, setting values).
 
 What it does: the public face of the bisection modules, with the names other code imports
-(another session's GPU decision imports this module):
+:
 
 - ``statescope.bisect.model``: ``RatePrior`` (the flaky-bug asymmetry as a prior on the good/bad
   failure rates) and ``ChangePointPosterior`` (posterior over the change location, expected
@@ -12,7 +12,8 @@ What it does: the public face of the bisection modules, with the names other cod
 - ``statescope.bisect.result``: ``BisectResult`` / ``ProbeRecord`` (probes, posterior after each,
   answer, JSON, heatmap);
 - ``statescope.bisect.sim``: ``FlakyOracle`` and ``compare_methods`` (SYNTHETIC oracles);
-- ``statescope.cli.bisect``: ``statescope bisect``.
+
+The command line (``statescope bisect``) lives in ``statescope.cli.bisect``.
 
 What it deliberately does not do: run experiments or install builds (a probe is any callable;
 ``statescope.builds.build_probe`` makes one that runs a build's environment), model more than one
@@ -20,12 +21,11 @@ change, or treat requests of one engine lifetime as dependent.
 """
 from __future__ import annotations
 
-from statescope.cli.bisect import _cmd_bisect, add_bisect_subcommands
 from statescope.bisect.model import MODES, ChangePointPosterior, RatePrior
 from statescope.bisect.result import BisectResult, ProbeRecord
 from statescope.bisect.search import Probe, bayesian_bisect, bisect_settings, plain_bisect
 from statescope.bisect.sim import FlakyOracle, compare_methods
 
 __all__ = ["MODES", "BisectResult", "ChangePointPosterior", "FlakyOracle", "Probe", "ProbeRecord",
-           "RatePrior", "add_bisect_subcommands", "bayesian_bisect", "bisect_settings",
-           "compare_methods", "plain_bisect", "_cmd_bisect"]
+           "RatePrior", "bayesian_bisect", "bisect_settings",
+           "compare_methods", "plain_bisect"]

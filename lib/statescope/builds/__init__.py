@@ -10,16 +10,17 @@ What it does: the public face of the builds modules, with the names other code i
   ``build_matrix``, ``plant_regression`` (PLANTED), ``build_probe`` (a bisection probe);
 - ``statescope.builds.releases``: the real-release experiment (releases x CPU copy semantics,
   EMULATED where statescope's kernels emulate a GPU ordering) and its committed results;
-- ``statescope.cli.builds``: ``statescope build add|list|remove`` and ``statescope matrix``.
 
-``python -m statescope.builds run-cell REQUEST.json`` is the build-side entry (``builds_cell``).
+The command line (``statescope build add|list|remove``, ``statescope matrix``) lives in
+``statescope.cli.builds``.
+
+``python -m statescope.builds run-cell REQUEST.json`` is the build-side entry (``__main__``).
 
 What it deliberately does not do: build vLLM from source, share an environment between specs that
 install different things, or delete environments on its own.
 """
 from __future__ import annotations
 
-from statescope.cli.builds import _cmd_build, _cmd_matrix, add_build_subcommands, add_cell_arguments
 from statescope.builds.install import (COMMIT_INDEX, ensure_build, find_uv, list_builds, pip_config,
                                        remove_build, uv_options)
 from statescope.builds.run import (MATRIX_COLUMNS, BuildMatrix, CellResult, build_matrix,
@@ -28,7 +29,6 @@ from statescope.builds.spec import (BUILDS_ENV, LIGHT_DEPS, PATCH_SEP, REPO, Bui
                                     BuildSpec, builds_dir)
 
 __all__ = ["BUILDS_ENV", "COMMIT_INDEX", "LIGHT_DEPS", "MATRIX_COLUMNS", "PATCH_SEP", "REPO", "Build",
-           "BuildFailed", "BuildMatrix", "BuildSpec", "CellResult", "add_build_subcommands",
-           "add_cell_arguments", "build_matrix", "build_probe", "builds_dir", "ensure_build",
+           "BuildFailed", "BuildMatrix", "BuildSpec", "CellResult", "build_matrix", "build_probe", "builds_dir", "ensure_build",
            "find_uv", "list_builds", "pip_config", "plant_regression", "remove_build", "run_cell",
-           "uv_options", "_cmd_build", "_cmd_matrix"]
+           "uv_options"]

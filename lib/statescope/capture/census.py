@@ -26,14 +26,19 @@ builds the copies).
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from statescope.errors import InputError
 
 KINDS = ("empty", "cycle", "chain", "same_address", "left_shift_same_block", "self_overlap",
          "disjoint")
 
 
+
 def _span(start: int, nbytes: int, rows: int, stride: int) -> tuple[int, int]:
     return start, start + (max(rows, 1) - 1) * stride + nbytes
+
 
 
 def _rows_hit(start: int, nbytes: int, rows: int, stride: int, lo: int, hi: int) -> bool:
@@ -46,6 +51,7 @@ def _rows_hit(start: int, nbytes: int, rows: int, stride: int, lo: int, hi: int)
     r_lo = max(0, (lo - nbytes - start) // stride + 1)
     r_hi = min(rows - 1, -((start - hi) // stride) - 1)  # largest r with start + r*stride < hi
     return r_lo <= r_hi
+
 
 
 def ranges_overlap(a_start: int, a_nbytes: int, a_rows: int, a_stride: int,
@@ -64,9 +70,11 @@ def ranges_overlap(a_start: int, a_nbytes: int, a_rows: int, a_stride: int,
                for lo in (b_start + q * b_stride for q in range(max(b_rows, 1))))
 
 
+
 def _geometry(c: Mapping, side: str) -> tuple[int, int, int, int]:
     return (int(c[f"{side}_addr"]), int(c["nbytes"]), int(c.get("rows", 1) or 1),
             int(c.get("row_stride", 0) or 0))
+
 
 
 def self_kind(c: Mapping) -> str:
@@ -81,6 +89,7 @@ def self_kind(c: Mapping) -> str:
     if dst[0] < src[0] and c.get("src_block") == c.get("dst_block"):
         return "left_shift_same_block"
     return "self_overlap"
+
 
 
 def clobber_edges(copies: Sequence[Mapping]) -> list[tuple[int, int]]:
@@ -104,6 +113,7 @@ def clobber_edges(copies: Sequence[Mapping]) -> list[tuple[int, int]]:
                 edges.add((i, j) if side == "dst" else (j, i))
         active.append((lo, hi, side, i, g))
     return sorted(edges)
+
 
 
 def _in_cycles(n: int, edges: Iterable[tuple[int, int]]) -> set[int]:
@@ -153,6 +163,7 @@ def _in_cycles(n: int, edges: Iterable[tuple[int, int]]) -> set[int]:
     return out
 
 
+
 def classify_launch(copies: Sequence[Mapping]) -> list[str]:
     """One kind from ``KINDS`` per copy of one launch, in input order."""
     edges = clobber_edges(copies)
@@ -172,6 +183,7 @@ def classify_launch(copies: Sequence[Mapping]) -> list[str]:
     return kinds
 
 
+
 def census_counts(rows: Iterable[Mapping], by: Sequence[str] = ()) -> dict:
     """Counts of ``row['kind']`` — a flat {kind: n} dict, or {"a|b|kind": n} with ``by`` columns."""
     counts: Counter = Counter()
@@ -181,3 +193,26 @@ def census_counts(rows: Iterable[Mapping], by: Sequence[str] = ()) -> dict:
     out = {k: counts.get(k, 0) for k in KINDS} if not by else {}
     out.update(counts)
     return dict(out)
+
+
+
+def census_report(run_path: str | Path) -> dict:
+    """The census of one run (a run directory, or a directory of runs: the latest)."""
+    from statescope.capture.census import census_counts
+    from statescope.capture.store import MANIFEST, CaptureRun, find_runs
+
+    path = Path(run_path)
+    if not (path / MANIFEST).is_file():
+        runs = find_runs(path)
+        if not runs:
+            raise InputError(f"statescope census: {path} is not a capture run nor holds any")
+        path = runs[-1]
+    run = CaptureRun(path)
+    rows = run.copies().to_dict("records")
+    cc = run.manifest.get("census_crosscheck", {})
+    return {"run": str(path), "copies": len(rows), "counts": census_counts(rows),
+            "by_launch_and_state": census_counts(rows, by=["launch_kind", "state_kind"]),
+            "engine_steps": run.manifest.get("engine_steps"), "crosscheck": cc,
+            "crosscheck_ok": not cc or (cc.get("decoded_not_observed", 0) == 0
+                                        and cc.get("observed_not_decoded", 0) == 0),
+            "capture_errors": run.manifest.get("error_count", 0)}

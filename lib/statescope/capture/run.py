@@ -213,7 +213,7 @@ class RunCapture(RunEmitter):
         info = self.reqs.get(rid)
         if info is None:
             prompt = list(runner.requests[rid].prompt_token_ids or [])
-            from statescope.capture.spec import prompt_sha
+            from statescope.workload.trace import prompt_sha
 
             info = {"selected": self.spec.selects(rid, prompt, self._tokenize),
                     "prompt_sha": prompt_sha(prompt), "prompt_len": len(prompt), "steps": 0}

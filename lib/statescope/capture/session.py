@@ -90,37 +90,3 @@ def perturbation_report(run: CaptureRun) -> dict:
             "measured_overhead": measured.get(mode), "measured_how": measured.get("how")}
 
 
-def reproduce_with_capture(trigger: Any, control: Any, trace: Sequence[Any], *, store_root: Any,
-                           spec: dict, unit: str = "request", control_run: Any = None) -> dict:
-    """The reproduce verdict twice — capture off, then capture on with ``spec`` — for the same
-    arms and trace, sharing one control-arm run. Returns ``{"off", "on"}`` (the two
-    ``ReproduceResult``), ``"run"`` (the capture of the trigger arm), ``"same_verdict"`` and
-    ``"same_failures"`` (the same requests failed, by episode and step)."""
-    from pathlib import Path
-
-    from statescope.capture import recorder as capture
-    from statescope.patches import faults
-    from statescope.verdict.reproduce import reproduce
-
-    root = Path(store_root)
-    off = reproduce(trigger, control, trace, store_root=root, run_id="capture-off", unit=unit,
-                    control_run=control_run)
-    faults.uninstall_fault()  # capture's hooks go under a planted fault's wrapper, not over it
-    spec = dict(spec)
-    spec.setdefault("output_dir", str(root / "captures"))
-    capture.install(spec)
-    try:
-        on = reproduce(trigger, control, trace, store_root=root, run_id="capture-on", unit=unit,
-                       control_run=off.control)
-    finally:
-        faults.uninstall_fault()
-        dirs = capture.uninstall()
-
-    def failures(res: Any) -> set:
-        return {(lab["episode"], int(lab["step"])) for lab in res.trigger_labels if lab["failed"]}
-
-    runs = [CaptureRun(d) for d in dirs]
-    trigger_runs = [r for r in runs if len(r.steps())]
-    return {"off": off, "on": on, "run": trigger_runs[-1] if trigger_runs else None,
-            "same_verdict": off.verdict.outcome == on.verdict.outcome,
-            "same_failures": failures(off) == failures(on)}

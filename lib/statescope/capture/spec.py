@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from statescope.errors import InputError
+from statescope.workload.trace import prompt_sha
 
 ENV_CAPTURE = "STATESCOPE_CAPTURE"
 MODES = ("off", "digest", "full")
@@ -53,11 +54,6 @@ TOP_KEYS = ("output_dir", "run_id", "mode", "requests", "full", "max_bytes", "pr
             "digest_seed", "census", "draft_columns", "flush_every_steps", "flush_interval_s", "emit",
             "defer_max_steps")
 EMIT = ("auto", "background", "idle")
-
-
-def prompt_sha(token_ids: Sequence[int]) -> str:
-    """16 hex digits identifying a prompt by its token ids (stable across runs and processes)."""
-    return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:16]
 
 
 def _fraction(seed: int, key: str) -> float:

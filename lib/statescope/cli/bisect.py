@@ -71,7 +71,7 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
 
 def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``statescope bisect`` (builds, one setting axis, or a synthetic oracle)."""
-    from statescope.builds import add_cell_arguments
+    from statescope.cli.builds import add_cell_arguments
 
     p = subparsers.add_parser("bisect", help="Bayesian bisection for where failures start (or stop)")
     what = p.add_mutually_exclusive_group(required=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from statescope.errors import InputError
+from statescope.capture.census import census_report
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
@@ -43,7 +44,8 @@ def capture_command(args: argparse.Namespace) -> int:
     from statescope.capture import recorder as capture
     from statescope.patches import cpu_kernels
     from statescope.capture.store import CaptureRun
-    from statescope.engine.offline import EngineConfig, OfflineEngine
+    from statescope.engine.offline import OfflineEngine
+    from statescope.engine.config import EngineConfig
     from statescope.workload.episodes import run_episodes, shared_prefix_episodes
 
     spec = _spec_from_args(args)
@@ -79,28 +81,6 @@ def capture_command(args: argparse.Namespace) -> int:
                   f"steps={r['steps']} status={r['status']}  forced_sync={p['forced_sync']} "
                   f"forced_eager={p['forced_eager']} measured_overhead={p['measured_overhead']}")
     return 0 if runs and all(r["errors"] == 0 for r in out["runs"]) else 1
-
-
-def census_report(run_path: str | Path) -> dict:
-    """The census of one run (a run directory, or a directory of runs: the latest)."""
-    from statescope.capture.store import MANIFEST, CaptureRun, find_runs
-    from statescope.capture.census import census_counts
-
-    path = Path(run_path)
-    if not (path / MANIFEST).is_file():
-        runs = find_runs(path)
-        if not runs:
-            raise InputError(f"statescope census: {path} is not a capture run nor holds any")
-        path = runs[-1]
-    run = CaptureRun(path)
-    rows = run.copies().to_dict("records")
-    cc = run.manifest.get("census_crosscheck", {})
-    return {"run": str(path), "copies": len(rows), "counts": census_counts(rows),
-            "by_launch_and_state": census_counts(rows, by=["launch_kind", "state_kind"]),
-            "engine_steps": run.manifest.get("engine_steps"), "crosscheck": cc,
-            "crosscheck_ok": not cc or (cc.get("decoded_not_observed", 0) == 0
-                                        and cc.get("observed_not_decoded", 0) == 0),
-            "capture_errors": run.manifest.get("error_count", 0)}
 
 
 def census_command(args: argparse.Namespace) -> int:

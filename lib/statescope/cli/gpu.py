@@ -14,11 +14,16 @@ capture archives (``statescope continuity`` / ``diverge`` do).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from statescope.errors import InputError
+from statescope.gpu.racecheck import (_positive, preset_shift_classes, racecheck_table,
+                                      require_cuda, sweep_shift_classes)
+
 
 
 def gpu_results_report(d: Path) -> dict:
@@ -44,6 +49,7 @@ def gpu_results_report(d: Path) -> dict:
                                                   for r in gr.verdict_table(d)],
             "departures": gpu_round3.departures(d) if {"trigger", "no_async"} <= arms else [],
             "factors": gpu_round3.factor_table(d) if (d / "factors").is_dir() else []}
+
 
 
 def gpu_results_command(args: Any) -> int:
@@ -82,6 +88,7 @@ def gpu_results_command(args: Any) -> int:
     return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
 
 
+
 def overhead_command(d: Path, as_json: bool) -> int:
     """Rounds 5-6's probes: throughput ratios with intervals and the goal check (exit 0); round 6
     also pools its two calls of the same code (a secondary reading)."""
@@ -104,6 +111,7 @@ def overhead_command(d: Path, as_json: bool) -> int:
     return 0
 
 
+
 def add_gpu_results_subcommand(subparsers: Any) -> None:
     p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
                                                   "(exit 1 if corruption was detected)")
@@ -112,3 +120,32 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
                                           "data/results/gpu/overhead_round5 or overhead_round6 for the capture's cost)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=gpu_results_command)
+
+
+
+def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``statescope racecheck`` on an argparse subparsers object."""
+    p = subparsers.add_parser("racecheck", help="probe vLLM's Mamba copy kernel for the in-place shift race "
+                                                "(needs a CUDA GPU)")
+    p.add_argument("--preset", default="tiny", help="tiny | qwen35-27b | sweep")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (splits conv_dim)")
+    p.add_argument("--copies", type=int, default=100_000, help="copies per shift class")
+    p.add_argument("--unpatched-only", action="store_true", help="skip the overlap-safe wrapper arm")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=racecheck_command)
+    return p
+
+
+def racecheck_command(args: argparse.Namespace) -> int:
+    """Run the probe for the chosen preset; exit 1 when the unpatched kernel corrupted any copy."""
+    classes = (sweep_shift_classes() if args.preset == "sweep"
+               else preset_shift_classes(args.preset, tp=args.tp))
+    _positive(args.copies, "--copies")
+    require_cuda()
+    modes = (False,) if args.unpatched_only else (False, True)
+    table = racecheck_table(classes, args.copies, patched_modes=modes)
+    if args.json:
+        print(json.dumps(table.to_dict(orient="records"), indent=2))
+    else:
+        print(table.to_string(index=False), file=sys.stdout)
+    return 1 if int(table.loc[~table["patched"], "corrupted"].sum()) else 0

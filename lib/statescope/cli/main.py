@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from statescope.cli.reproduce import cmd_reproduce, cmd_workload
 from statescope.errors import InputError, StatescopeError
 
 
@@ -49,70 +50,6 @@ def cmd_workbook(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     return 0 if all(r["ok"] for r in results) else 1
-
-
-def _config_overrides(pairs: list[str], where: str) -> dict:
-    """``key=value`` pairs (JSON values, else strings) for EngineConfig fields."""
-    import dataclasses
-
-    from statescope.engine.offline import EngineConfig
-
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    out = {}
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or key not in fields:
-            raise InputError(f"{where} {pair!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-def cmd_workload(args: argparse.Namespace) -> int:
-    from statescope.workload.trace import write_trace
-    from statescope.workload.episodes import preset_trace
-
-    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed, geometry=args.geometry)
-    path = write_trace(steps, args.out)
-    info = {"trace": str(path), "requests": len(steps),
-            "episodes": len({s.episode for s in steps}), "images": sum(s.n_images for s in steps)}
-    print(json.dumps(info, indent=2) if args.json else
-          f"wrote {info['requests']} requests ({info['episodes']} episodes) to {path}")
-    return 0
-
-
-def cmd_reproduce(args: argparse.Namespace) -> int:
-    import time
-
-    from statescope.engine.offline import model_path
-    from statescope.patches.faults import FaultSpec
-    from statescope.verdict.reproduce import reproduce, standard_arms
-    from statescope.workload.trace import read_trace
-    from statescope.workload.episodes import preset_trace
-
-    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset,
-                                                                   geometry=args.geometry)
-    trigger, control = standard_arms(args.control)
-    common = {"model": str(model_path(args.model))} if args.model else {}
-    trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
-    control.config = control.config.replace(**common, **_config_overrides(args.control_set, "--control-set"))
-    if args.fault:
-        kind, _, rest = args.fault.partition(":")
-        rate = float(rest) if rest else 1.0
-        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
-    trigger.copy_semantics = args.copy_semantics
-    result = reproduce(trigger, control, trace, store_root=args.runs,
-                       run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
-                       runner=args.runner, unit=args.unit, concurrency=args.concurrency,
-                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        print(result.verdict.outcome.upper() + ": " + result.verdict.explanation)
-        print(f"records: {result.run_dir}")
-    return 0 if result.verdict.outcome in ("no evidence", "corruption detected") else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,21 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--run-id")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_reproduce)
+    # one module per command family; each registers its own subcommands
+    from statescope.cli.bisect import add_bisect_subcommands
+    from statescope.cli.builds import add_build_subcommands
     from statescope.cli.capture import add_capture_subcommands
-    from statescope.gpu.racecheck import add_racecheck_subcommand
-
-    from statescope.diverge.report import add_diverge_subcommand
-    from statescope.bisect import add_bisect_subcommands
-    from statescope.builds import add_build_subcommands
+    from statescope.cli.diverge import add_continuity_subcommand, add_diverge_subcommand
+    from statescope.cli.gpu import add_gpu_results_subcommand, add_racecheck_subcommand
+    from statescope.cli.render import add_render_subcommand
 
     add_capture_subcommands(sub)
     add_diverge_subcommand(sub)
-    from statescope.diverge.conv_continuity import add_continuity_subcommand; add_continuity_subcommand(sub)  # noqa: E702
+    add_continuity_subcommand(sub)
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
     add_bisect_subcommands(sub)
-    from statescope.cli.render import add_render_subcommand; add_render_subcommand(sub)  # noqa: E702
-    from statescope.cli.gpu import add_gpu_results_subcommand; add_gpu_results_subcommand(sub)  # noqa: E702
+    add_render_subcommand(sub)
+    add_gpu_results_subcommand(sub)
     return p
 
 

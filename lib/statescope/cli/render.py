@@ -16,18 +16,9 @@ import sys
 
 
 def _parameters(pairs: list[str] | None) -> dict:
-    from statescope.errors import InputError
+    from statescope.cli.assignments import parse_assignments
 
-    out = {}
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise InputError(f"-p {pair!r}: expected NAME=VALUE (VALUE as JSON, else a string)")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
+    return parse_assignments(pairs, "-p")
 
 
 def cmd_render(args: argparse.Namespace) -> int:

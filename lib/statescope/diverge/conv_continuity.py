@@ -193,31 +193,3 @@ def run_continuity(run: str | os.PathLike | CaptureRun) -> pd.DataFrame | None:
         return None
 
 
-def continuity_command(args: Any) -> int:
-    """``statescope continuity RUN``: the check needs no reference run; exit 1 if a shift broke."""
-    import json
-
-    df = conv_shift_check(args.run)
-    summary = continuity_summary(df)
-    breaks = df[~df["ok"]] if not df.empty else df
-    if args.json:
-        print(json.dumps({"run": str(args.run), "summary": summary,
-                          "breaks": breaks.to_dict(orient="records")}, indent=2, default=str))
-    else:
-        print(f"{summary['break_transitions']} of {summary['transitions_checked']} decode transitions "
-              f"({summary['requests_with_break']} of {summary['requests_checked']} requests): the conv "
-              "update applied a shift other than the accepted count")
-        if len(breaks):
-            cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts",
-                    "moved", "prefill_rows_in_batch"]
-            print(breaks[[c for c in cols if c in breaks]].head(args.limit).to_string(index=False))
-    return 1 if summary["break_transitions"] else 0
-
-
-def add_continuity_subcommand(subparsers: Any) -> None:
-    p = subparsers.add_parser("continuity", help="exact check, from a digest capture alone, that each "
-                                                 "decode step's conv update shifted by the accepted count")
-    p.add_argument("run", help="capture run directory (digest or full mode, speculative decoding on)")
-    p.add_argument("--limit", type=int, default=40, help="break rows to print")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=continuity_command)

@@ -3,7 +3,7 @@
 What it does: one small pure function per hypothesis takes one first-divergence record (a request
 of ``diverge.DivergenceReport.requests``: ``first_step``, ``kinds``, ``layers``, ``conv_rows``,
 ``ssm_lag``, ``events``) and a ``RunContext`` (async scheduling, speculation, prefix-cache hits,
-block sizes, GDN layer count, a planted fault if any) and returns a ``Verdict``: ``supports``,
+block sizes, GDN layer count, a planted fault if any) and returns a ``MechanismVerdict``: ``supports``,
 ``contradicts`` or ``not exercised``, with a one-line reason. ``hypothesis_table(report, context)``
 scores every diverged request under every hypothesis and ranks the mechanisms; a mechanism whose
 fault was planted on purpose is labelled EMULATED/PLANTED so nobody mistakes it for a finding
@@ -37,7 +37,7 @@ PLANTED = {"barrierless_tiles": "H-copy", "permute_accepted": "H-accept",
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MechanismVerdict:
     verdict: str
     why: str
 
@@ -79,21 +79,21 @@ def _last(values: Any, default: Any = None) -> Any:
     return values[-1] if values else default
 
 
-def score_copy(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_copy(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-copy: conv window first, leading rows, right after a same-block left shift."""
     ev, step = _ev(rec), rec["first_step"]
     if not ev.get("same_block_left_shift") and ctx.same_block_shifts == 0:
-        return Verdict(NOT_EXERCISED, "no same-block left-shift copy in the run")
+        return MechanismVerdict(NOT_EXERCISED, "no same-block left-shift copy in the run")
     if not ev.get("same_block_left_shift"):
-        return Verdict(CONTRADICTS, f"no same-block left shift at or just before step {step}")
+        return MechanismVerdict(CONTRADICTS, f"no same-block left shift at or just before step {step}")
     if list(rec["kinds"]) != ["conv"]:
-        return Verdict(CONTRADICTS, f"{'+'.join(rec['kinds'])} diverge together at step {step}, "
+        return MechanismVerdict(CONTRADICTS, f"{'+'.join(rec['kinds'])} diverge together at step {step}, "
                                     "not the conv window alone")
     if 0 not in rec.get("conv_rows", []):
-        return Verdict(CONTRADICTS, f"leading conv row intact; rows {rec.get('conv_rows')} differ")
+        return MechanismVerdict(CONTRADICTS, f"leading conv row intact; rows {rec.get('conv_rows')} differ")
     lag = rec.get("ssm_lag")
     tail = "; recurrent state one step later" if lag == 1 else ""
-    return Verdict(SUPPORTS, f"conv leading row diverges at step {step}, right after a same-block "
+    return MechanismVerdict(SUPPORTS, f"conv leading row diverges at step {step}, right after a same-block "
                              f"left shift{tail}")
 
 
@@ -101,7 +101,7 @@ def _breaks(rec: Mapping[str, Any]) -> list[dict]:
     return list((rec.get("conv_continuity") or {}).get("breaks") or [])
 
 
-def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-accept: a wrong accepted count reached the state update. Direct evidence, when the record
     carries the conv continuity check: the conv update at or just before the first divergent step
     applied a shift other than the accepted count sampled the step before. Otherwise the signature:
@@ -114,22 +114,22 @@ def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
     rows are all fresh inputs."""
     planted = ctx.planted == "permute_accepted"
     if not ((ctx.async_scheduling or planted) and ctx.spec):
-        return Verdict(NOT_EXERCISED, "needs async scheduling and speculative decoding "
+        return MechanismVerdict(NOT_EXERCISED, "needs async scheduling and speculative decoding "
                                       f"(async={ctx.async_scheduling}, spec={ctx.spec})")
     breaks = _breaks(rec)
     if breaks:
         b = breaks[0]
         if b.get("inplace_shift_bias"):
-            return Verdict(SUPPORTS, f"rows of the in-place conv shift by {b['inplace_shift_bias']} "
+            return MechanismVerdict(SUPPORTS, f"rows of the in-place conv shift by {b['inplace_shift_bias']} "
                                      f"at step {b['req_step']} do not follow the accepted count "
                                      f"sampled the step before ({b['expected_shift']} after bias)")
-        return Verdict(SUPPORTS, f"conv update at step {b['req_step']} shifted the window by "
+        return MechanismVerdict(SUPPORTS, f"conv update at step {b['req_step']} shifted the window by "
                                  f"{b['observed_shifts']} where the accepted count sampled the step "
                                  f"before gives {b['expected_shift']} (exact row checksums, "
                                  f"{b['layers']} GDN layers): a wrong accepted count was read")
     every = ctx.gdn_layers and len(rec["layers"]) >= ctx.gdn_layers
     if not ("ssm" in rec["kinds"] and every):
-        return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} in {len(rec['layers'])} of "
+        return MechanismVerdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} in {len(rec['layers'])} of "
                                     f"{ctx.gdn_layers} GDN layers diverge first")
     mismatch = _ev(rec).get("accepted_mismatch")
     how = ("the count used differs from the one sampled" if mismatch else
@@ -139,100 +139,100 @@ def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
     checked = (rec.get("conv_continuity") or {}).get("steps")
     if checked and not mismatch:
         how += f"; conv shifts intact at steps {checked}"
-    return Verdict(SUPPORTS, f"{'+'.join(rec['kinds'])} of all {ctx.gdn_layers} GDN layers "
+    return MechanismVerdict(SUPPORTS, f"{'+'.join(rec['kinds'])} of all {ctx.gdn_layers} GDN layers "
                              f"diverge at once at step {rec['first_step']}; {how}")
 
 
-def score_lostcopy(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_lostcopy(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-lostcopy (not a §2 row; the planted dropped copy): a post-process copy that did not land.
     The destination block keeps stale bytes, so conv window *and* recurrent state diverge in the
     step of the copy itself, all live conv rows, with the accepted count intact."""
     ev = _ev(rec)
     if ctx.postprocess_copies == 0 and not ev.get("postprocess_copy_steps"):
-        return Verdict(NOT_EXERCISED, "no post-process copy in the run")
+        return MechanismVerdict(NOT_EXERCISED, "no post-process copy in the run")
     if rec["first_step"] not in (ev.get("postprocess_copy_steps") or []):
-        return Verdict(CONTRADICTS, f"no post-process copy in step {rec['first_step']}")
+        return MechanismVerdict(CONTRADICTS, f"no post-process copy in step {rec['first_step']}")
     if ev.get("accepted_mismatch"):
-        return Verdict(CONTRADICTS, "the accepted count used was wrong (a wrong copy decision, "
+        return MechanismVerdict(CONTRADICTS, "the accepted count used was wrong (a wrong copy decision, "
                                     "H-accept), not a lost copy")
     if set(rec["kinds"]) >= {"conv", "ssm"}:
-        return Verdict(SUPPORTS, f"conv and recurrent state diverge together in step "
+        return MechanismVerdict(SUPPORTS, f"conv and recurrent state diverge together in step "
                                  f"{rec['first_step']}, the step of a post-process copy")
-    return Verdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} diverges in the copy's step")
+    return MechanismVerdict(CONTRADICTS, f"only {'+'.join(rec['kinds'])} diverges in the copy's step")
 
 
-def _after_hit(rec: Mapping[str, Any], ctx: RunContext, name: str) -> Verdict:
+def _after_hit(rec: Mapping[str, Any], ctx: RunContext, name: str) -> MechanismVerdict:
     if ctx.prefix_cache_hits == 0:
-        return Verdict(NOT_EXERCISED, "no request started from a cached prefix")
+        return MechanismVerdict(NOT_EXERCISED, "no request started from a cached prefix")
     if not _ev(rec).get("prefix_hit_tokens"):
-        return Verdict(CONTRADICTS, "this request had no prefix-cache hit")
+        return MechanismVerdict(CONTRADICTS, "this request had no prefix-cache hit")
     if rec["first_step"] <= 1:
-        return Verdict(SUPPORTS, f"diverges from the first decode step after a "
+        return MechanismVerdict(SUPPORTS, f"diverges from the first decode step after a "
                                  f"{_ev(rec)['prefix_hit_tokens']}-token prefix hit ({name})")
-    return Verdict(CONTRADICTS, f"prefix hit, but the first divergence waits until step "
+    return MechanismVerdict(CONTRADICTS, f"prefix hit, but the first divergence waits until step "
                                 f"{rec['first_step']}")
 
 
-def score_drop(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_drop(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-drop: from the first decode step after a prefix hit; only with a drafter."""
     if not ctx.spec:
-        return Verdict(NOT_EXERCISED, "drop_eagle_block only matters with speculative decoding")
+        return MechanismVerdict(NOT_EXERCISED, "drop_eagle_block only matters with speculative decoding")
     return _after_hit(rec, ctx, "ignored drop_eagle_block")
 
 
-def score_midblock(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_midblock(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-midblock: a mid-block state served for a boundary hash: from the first step after a hit."""
     return _after_hit(rec, ctx, "mid-block state cached under a boundary hash")
 
 
-def score_split(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_split(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-split: only when the attention and Mamba block sizes differ; at a block crossing."""
     if not ctx.block_size or not ctx.mamba_block_size or ctx.block_size == ctx.mamba_block_size:
-        return Verdict(NOT_EXERCISED, f"block sizes equal ({ctx.block_size} / {ctx.mamba_block_size})")
+        return MechanismVerdict(NOT_EXERCISED, f"block sizes equal ({ctx.block_size} / {ctx.mamba_block_size})")
     if _ev(rec).get("block_crossing"):
-        return Verdict(SUPPORTS, f"diverges at a block crossing (step {rec['first_step']}) with "
+        return MechanismVerdict(SUPPORTS, f"diverges at a block crossing (step {rec['first_step']}) with "
                                  f"block sizes {ctx.block_size} != {ctx.mamba_block_size}")
-    return Verdict(CONTRADICTS, "no block crossing at or just before the divergence")
+    return MechanismVerdict(CONTRADICTS, "no block crossing at or just before the divergence")
 
 
-def score_empty(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_empty(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-empty: a decode step with an empty draft schedule."""
     if not ctx.spec:
-        return Verdict(NOT_EXERCISED, "no speculative decoding")
+        return MechanismVerdict(NOT_EXERCISED, "no speculative decoding")
     drafts = _last(_ev(rec).get("num_drafts"))
     if drafts is None:
-        return Verdict(NOT_EXERCISED, "draft count of the step not recorded")
+        return MechanismVerdict(NOT_EXERCISED, "draft count of the step not recorded")
     if rec["first_step"] > 0 and drafts == 0:
-        return Verdict(SUPPORTS, f"decode step {rec['first_step']} scheduled no drafts")
-    return Verdict(CONTRADICTS, f"step {rec['first_step']} scheduled {drafts} drafts"
+        return MechanismVerdict(SUPPORTS, f"decode step {rec['first_step']} scheduled no drafts")
+    return MechanismVerdict(CONTRADICTS, f"step {rec['first_step']} scheduled {drafts} drafts"
                    if drafts else "divergence in the prefill step, not a decode with no drafts")
 
 
-def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> Verdict:
+def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     """H-reorder: a decode row in a batch with prefills, whole state of the step wrong."""
     if not ctx.spec:
-        return Verdict(NOT_EXERCISED, "the drafter's reorder threshold needs speculative decoding")
+        return MechanismVerdict(NOT_EXERCISED, "the drafter's reorder threshold needs speculative decoding")
     ev = _ev(rec)
     prefill_steps = ev.get("prefill_steps")
     in_step = (rec["first_step"] in prefill_steps) if prefill_steps is not None \
         else ev.get("batch_has_prefill")
     if not in_step:
-        return Verdict(CONTRADICTS, f"no prefill in the batch of step {rec['first_step']}")
+        return MechanismVerdict(CONTRADICTS, f"no prefill in the batch of step {rec['first_step']}")
     shifted = [b for b in _breaks(rec) if b["req_step"] == rec["first_step"]
                and b["observed_shifts"] and not b.get("inplace_shift_bias")]
     if shifted:  # a prefill kernel writes the step's last kernel-1 inputs (all new with MTP >= K-2)
-        return Verdict(CONTRADICTS, f"conv window at step {rec['first_step']} is the previous "
+        return MechanismVerdict(CONTRADICTS, f"conv window at step {rec['first_step']} is the previous "
                                     f"window shifted by {shifted[0]['observed_shifts']}: the decode "
                                     "conv update ran (a prefill kernel would hold new inputs in "
                                     "rows 0..K-2)")
     if rec["first_step"] > 0 and "ssm" in rec["kinds"]:
-        return Verdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
+        return MechanismVerdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
                                  "and its recurrent state diverges at once")
-    return Verdict(CONTRADICTS, "recurrent state intact at the first divergence "
+    return MechanismVerdict(CONTRADICTS, "recurrent state intact at the first divergence "
                                 "(a wrong kernel would change it at once)")
 
 
-SCORERS: dict[str, Callable[[Mapping[str, Any], RunContext], Verdict]] = {
+SCORERS: dict[str, Callable[[Mapping[str, Any], RunContext], MechanismVerdict]] = {
     "H-copy": score_copy, "H-accept": score_accept, "H-drop": score_drop,
     "H-midblock": score_midblock, "H-split": score_split, "H-empty": score_empty,
     "H-reorder": score_reorder, "H-lostcopy": score_lostcopy}

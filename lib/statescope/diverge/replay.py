@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from statescope.capture.spec import prompt_sha
+from statescope.workload.trace import prompt_sha
 from statescope.capture.store import CaptureRun
 from statescope.errors import InputError
 

@@ -21,8 +21,6 @@ runs (``statescope.capture.session``) or compare runs of different workloads.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -262,53 +260,4 @@ def divergence_report(run_dir: str | os.PathLike | CaptureRun,
 
 # ---- CLI ----------------------------------------------------------------------------------------
 
-def _position_report(args: argparse.Namespace) -> DivergenceReport:
-    from statescope.diverge.by_position import position_report
-    from statescope.diverge.noise import calibrate, compare_states
-    from statescope.diverge.replay import CapturedStates
 
-    run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
-    # no clean runs given: compare the reference with itself, so only the floor sets tolerance
-    clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
-    tol = calibrate([compare_states(c, ref) for c in clean],
-                    [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
-    return position_report(run, ref, tol)
-
-
-def diverge_command(args: argparse.Namespace) -> int:
-    from statescope.diverge.hypotheses import hypothesis_table, run_context
-
-    report = (_position_report(args) if args.by_position
-              else divergence_report(args.run, args.reference, rtol=args.rtol))
-    from statescope.diverge.conv_continuity import run_continuity
-
-    run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
-    table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
-                             continuity=run_continuity(run))
-    if args.json:
-        print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
-    else:
-        print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
-              f"({report.run} vs {report.reference}; magnitude in {report.unit})")
-        if report.requests:
-            print(report.table().to_string(index=False))
-        print(table.frame()[["rank", "hypothesis", "label", "supports", "contradicts",
-                             "not_exercised", "why"]].to_string(index=False))
-    return 0
-
-
-def add_diverge_subcommand(subparsers: Any) -> None:
-    p = subparsers.add_parser("diverge", help="where a capture run first departs from a reference run")
-    p.add_argument("run", help="capture run directory")
-    p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
-    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
-    p.add_argument("--by-position", action="store_true",
-                   help="compare full-mode captures by (request, token position) in tolerance units")
-    p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
-                   help="with --by-position: clean full-mode runs of the same prompts; tolerance "
-                        "= 2x their largest difference from the reference (floor: 1/256 of scale)")
-    p.add_argument("--planted", default=None,
-                   help="planted fault / copy semantics of RUN (e.g. barrierless_tiles, "
-                        "permute_accepted): its mechanism is labelled EMULATED")
-    p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
-    p.set_defaults(func=diverge_command)

@@ -26,7 +26,7 @@ from typing import Any
 from statescope.diverge import noise
 from statescope.diverge import replay
 from statescope.capture.session import boundary_prompts, record
-from statescope.capture.spec import prompt_sha
+from statescope.workload.trace import prompt_sha
 from statescope.diverge.report import DivergenceReport
 from statescope.diverge.by_position import position_report
 from statescope.errors import InputError

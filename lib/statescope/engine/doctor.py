@@ -20,7 +20,7 @@ from statescope.tables import KeyValueTable
 
 
 @dataclass
-class Check:
+class DoctorCheck:
     name: str
     ok: bool
     detail: str
@@ -28,7 +28,7 @@ class Check:
 
 @dataclass
 class DoctorReport:
-    checks: list[Check] = field(default_factory=list)
+    checks: list[DoctorCheck] = field(default_factory=list)
     resolved: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     startup_s: float | None = None
@@ -38,7 +38,7 @@ class DoctorReport:
         return all(c.ok for c in self.checks)
 
     @property
-    def first_failure(self) -> Check | None:
+    def first_failure(self) -> DoctorCheck | None:
         return next((c for c in self.checks if not c.ok), None)
 
     def to_dict(self) -> dict:
@@ -61,49 +61,50 @@ class DoctorReport:
 def run_doctor(model: str | None = None, *, start_engine: bool = True) -> DoctorReport:
     """Run every check; never raises for a broken environment (the report says what broke)."""
     import statescope
-    from statescope.engine.offline import EngineConfig, OfflineEngine, import_vllm, model_path
+    from statescope.engine.offline import OfflineEngine, import_vllm
+    from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.modeldir import check_model_dir
 
     report = DoctorReport()
     add = report.checks.append
-    add(Check("statescope", True, f"{statescope.__version__} on Python {platform.python_version()}"))
+    add(DoctorCheck("statescope", True, f"{statescope.__version__} on Python {platform.python_version()}"))
     try:
         import torch
 
-        add(Check("torch", True, f"{torch.__version__} (cuda available: {torch.cuda.is_available()})"))
+        add(DoctorCheck("torch", True, f"{torch.__version__} (cuda available: {torch.cuda.is_available()})"))
         vllm = import_vllm()
-        add(Check("vllm", True, f"{vllm.__version__}"))
+        add(DoctorCheck("vllm", True, f"{vllm.__version__}"))
     except (ImportError, StatescopeError) as exc:
-        add(Check("vllm", False, str(exc)))
+        add(DoctorCheck("vllm", False, str(exc)))
         return report
     config = EngineConfig() if model is None else EngineConfig(model=str(model_path(model)))
     try:
         text = check_model_dir(config.model)
-        add(Check("model", True, f"{config.model}: {text.get('model_type')}, "
+        add(DoctorCheck("model", True, f"{config.model}: {text.get('model_type')}, "
                                  f"{text.get('num_hidden_layers')} layers"))
     except StatescopeError as exc:
-        add(Check("model", False, str(exc)))
+        add(DoctorCheck("model", False, str(exc)))
         return report
     if not start_engine:
         return report
     try:
         report.resolved, report.metrics, report.startup_s = _engine_probe(config)
     except Exception as exc:  # the doctor's job is to turn any engine failure into one line
-        add(Check("engine", False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        add(DoctorCheck("engine", False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
         return report
     r, m = report.resolved, report.metrics
-    add(Check("engine", True, f"started in {report.startup_s:.1f} s ({r.get('model_runner')})"))
-    add(Check("prefix caching + align", r["enable_prefix_caching"] and r["mamba_cache_mode"] == "align",
+    add(DoctorCheck("engine", True, f"started in {report.startup_s:.1f} s ({r.get('model_runner')})"))
+    add(DoctorCheck("prefix caching + align", r["enable_prefix_caching"] and r["mamba_cache_mode"] == "align",
               f"enable_prefix_caching={r['enable_prefix_caching']} "
               f"mamba_cache_mode={r['mamba_cache_mode']} mamba_block_size={r['mamba_block_size']}"))
-    add(Check("MTP", r["num_speculative_tokens"] == 2,
+    add(DoctorCheck("MTP", r["num_speculative_tokens"] == 2,
               f"method={r['speculative_method']} num_speculative_tokens={r['num_speculative_tokens']}"
               f" draft={r['draft_architecture']}"))
-    add(Check("prefix-cache hits", m["prefix_cache_hits"] > 0,
+    add(DoctorCheck("prefix-cache hits", m["prefix_cache_hits"] > 0,
               f"{m['prefix_cache_hits']} of {m['prefix_cache_queries']} queried tokens"))
-    add(Check("accepted drafts", m["spec_accepted_tokens"] > 0,
+    add(DoctorCheck("accepted drafts", m["spec_accepted_tokens"] > 0,
               f"{m['spec_accepted_tokens']} of {m['spec_draft_tokens']} draft tokens"))
-    add(Check("async scheduling", True, "on" if r["async_scheduling"] else
+    add(DoctorCheck("async scheduling", True, "on" if r["async_scheduling"] else
               "OFF as resolved — " + "; ".join(r["warnings"]) if r["warnings"] else "off"))
     return report
 

@@ -26,7 +26,8 @@ from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence, Un
 
 import httpx
 
-from statescope.engine.offline import EngineConfig, OfflineEngine, RequestRecord
+from statescope.engine.offline import OfflineEngine, RequestRecord
+from statescope.engine.config import EngineConfig
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.engine.server import VllmServer, read_metrics, read_resolved
 from statescope.records import ResultsStore, load_records

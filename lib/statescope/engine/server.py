@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from statescope.engine.offline import EngineConfig
+from statescope.engine.config import EngineConfig
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.engine.modeldir import check_model_dir
 from statescope.resolved import METRIC_NAMES

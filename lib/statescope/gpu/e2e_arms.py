@@ -8,7 +8,7 @@ episodes renamed per seed. ``run_one_arm`` runs an arm through ``reproduce.run_a
 store and returns what the verdict needs besides the records (metrics, resolved config, lifetimes,
 the arm's key and guard expectations) as a JSON-able dict. ``verdict_rows`` rebuilds the arms from
 those dicts and the stored records and judges the trigger against each control with
-``reproduce.label_rows``/``summarize`` and ``stats.decide`` — the same code path on the device and in
+``reproduce.label_rows``/``summarize_arm`` and ``stats.decide`` — the same code path on the device and in
 the tests that re-check committed results. ``prefix_sweep`` measures prefix-cache hits against
 prompt length in blocks (the MTP "> 2 blocks" question); ``overhead_rounds``/``overhead_ratios``
 time capture off vs digest in interleaved rounds on one engine and turn raw timings into ratios.
@@ -106,7 +106,7 @@ def run_one_arm(arm: Any, trace: list, store_root: str, run_id: str, *,
 
 
 def _arm_run(meta: dict, records: list[dict]) -> Any:
-    from statescope.engine.offline import EngineConfig
+    from statescope.engine.config import EngineConfig
     from statescope.verdict.reproduce import Arm, ArmRun
 
     arm = Arm(meta["arm"], EngineConfig(), expect_prefix_cache=meta["expect_prefix_cache"],
@@ -138,7 +138,7 @@ def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode
                  alpha: float = 0.01, label: str = "") -> list[dict]:
     """Trigger vs each control present: one row per pair with outcome, counts, p and guards."""
     from statescope.workload import guilang
-    from statescope.verdict.reproduce import label_rows, summarize
+    from statescope.verdict.reproduce import label_rows, summarize_arm
     from statescope.verdict.stats import decide
 
     by_name = {m["arm"]: m for m in metas}
@@ -155,8 +155,8 @@ def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode
         # As reproduce() does: grade action syntax only when the control speaks the language.
         valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
         check = guilang.is_valid_action if valid and sum(valid) / len(valid) >= 0.9 else None
-        v = decide(summarize(trg, label_rows(trg, ctl, action_validator=check), unit),
-                   summarize(ctl, label_rows(ctl, None, action_validator=check), unit), alpha=alpha)
+        v = decide(summarize_arm(trg, label_rows(trg, ctl, action_validator=check), unit),
+                   summarize_arm(ctl, label_rows(ctl, None, action_validator=check), unit), alpha=alpha)
         out.append({"model": label, "control": control, "outcome": v.outcome, "unit": unit,
                     "trigger_failed": v.trigger.n_failed_units, "trigger_units": v.trigger.n_units,
                     "control_failed": v.control.n_failed_units, "control_units": v.control.n_units,

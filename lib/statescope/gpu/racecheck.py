@@ -22,9 +22,6 @@ model run - it measures what the kernels do with the byte ranges a geometry can 
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -334,29 +331,3 @@ def racecheck_table(classes: list[ShiftClass], n_copies: int, device: Any = "cud
     return results_frame(results)
 
 
-def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``statescope racecheck`` on an argparse subparsers object."""
-    p = subparsers.add_parser("racecheck", help="probe vLLM's Mamba copy kernel for the in-place shift race "
-                                                "(needs a CUDA GPU)")
-    p.add_argument("--preset", default="tiny", help="tiny | qwen35-27b | sweep")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (splits conv_dim)")
-    p.add_argument("--copies", type=int, default=100_000, help="copies per shift class")
-    p.add_argument("--unpatched-only", action="store_true", help="skip the overlap-safe wrapper arm")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=racecheck_command)
-    return p
-
-
-def racecheck_command(args: argparse.Namespace) -> int:
-    """Run the probe for the chosen preset; exit 1 when the unpatched kernel corrupted any copy."""
-    classes = (sweep_shift_classes() if args.preset == "sweep"
-               else preset_shift_classes(args.preset, tp=args.tp))
-    _positive(args.copies, "--copies")
-    require_cuda()
-    modes = (False,) if args.unpatched_only else (False, True)
-    table = racecheck_table(classes, args.copies, patched_modes=modes)
-    if args.json:
-        print(json.dumps(table.to_dict(orient="records"), indent=2))
-    else:
-        print(table.to_string(index=False), file=sys.stdout)
-    return 1 if int(table.loc[~table["patched"], "corrupted"].sum()) else 0

@@ -53,7 +53,8 @@ def measure(model_dir: str | Path, episodes: int = 10, config=None, max_tokens: 
     """Run the held-out steps through one vLLM engine (``engine``, or a new one for ``config``,
     default: the trigger configuration on ``model_dir``); returns the metrics dict. With a given
     engine, the spec-decode counters are the difference over these requests."""
-    from statescope.engine.offline import EngineConfig, OfflineEngine
+    from statescope.engine.offline import OfflineEngine
+    from statescope.engine.config import EngineConfig
 
     pairs = step_prompts(episodes, variant=guilang_seq.read_variant(model_dir))
     t0 = time.perf_counter()
@@ -277,7 +278,8 @@ def main() -> None:
     ap.add_argument("--prefix-episodes", type=int, default=0,
                     help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
     args = ap.parse_args()
-    from statescope.engine.offline import EngineConfig, OfflineEngine
+    from statescope.engine.offline import OfflineEngine
+    from statescope.engine.config import EngineConfig
 
     var = guilang_seq.read_variant(args.model)  # {} for the default language
     at = args.fault_at_token

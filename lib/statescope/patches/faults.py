@@ -78,7 +78,7 @@ class FaultSpec:
 
     def selects(self, req_id: str, prompt_token_ids: list[int] | None = None) -> bool:
         if self.prompt_shas is not None:
-            from statescope.capture.spec import prompt_sha
+            from statescope.workload.trace import prompt_sha
 
             return prompt_token_ids is not None and \
                 prompt_sha(list(prompt_token_ids)) in self.prompt_shas

@@ -26,19 +26,26 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def git_commit(repo: Path = REPO) -> str | None:
-    """The checked-out commit, read from ``.git`` (HEAD, the ref file, or packed-refs)."""
+    """The checked-out commit, read from ``.git`` (HEAD, the ref file, or packed-refs); a worktree's
+    ``.git`` file points at its own HEAD, and its refs live in the common directory."""
     git = repo / ".git"
     try:
+        if git.is_file():  # a worktree: "gitdir: PATH"
+            git = Path(git.read_text().split("gitdir:", 1)[1].strip())
+        common = git
+        if (git / "commondir").is_file():
+            common = (git / (git / "commondir").read_text().strip()).resolve()
         head = (git / "HEAD").read_text().strip()
         if not head.startswith("ref: "):
             return head
         ref = head[5:]
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
+        for d in (git, common):
+            if (d / ref).is_file():
+                return (d / ref).read_text().strip()
+        for line in (common / "packed-refs").read_text().splitlines():
             if line.endswith(" " + ref):
                 return line.split()[0]
-    except OSError:
+    except (OSError, IndexError):
         return None
     return None
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from statescope.teach.lesson import Check
+from statescope.teach.lesson import LessonCheck
 
 
 def race_table(accepted: tuple[int, ...] = (3, 1, 2), finished_row: int = 1) -> pd.DataFrame:
@@ -36,12 +36,12 @@ def race_table(accepted: tuple[int, ...] = (3, 1, 2), finished_row: int = 1) -> 
     return pd.DataFrame(rows)
 
 
-def check_permuted_count(lesson: Any, n_prompts: int = 5) -> Check:
+def check_permuted_count(lesson: Any, n_prompts: int = 5) -> LessonCheck:
     """PLANTED H-accept: swap one request's used accepted count; where does its state diverge?"""
     from statescope.patches import faults
     from statescope.diverge.digest_diff import first_divergence
     from statescope.capture.session import boundary_prompts
-    from statescope.capture.spec import prompt_sha
+    from statescope.workload.trace import prompt_sha
 
     # One prompt longer than a step's token budget: it finishes its prefill (1 token sampled) in a
     # later step, while the others verify drafts (3 accepted) — a step whose counts differ.
@@ -74,7 +74,7 @@ def check_permuted_count(lesson: Any, n_prompts: int = 5) -> Check:
     ok = (swap_step is not None and first_step in (swap_step, swap_step + 1)
           and kinds == ["conv", "ssm"] and len(layers) == n_gdn)
     async_on = lesson.resolved.get("async_scheduling")
-    return Check("PLANTED swapped accepted count: conv and recurrent state of all GDN layers diverge at once",
+    return LessonCheck("PLANTED swapped accepted count: conv and recurrent state of all GDN layers diverge at once",
                  ok, f"count swapped in the victim's step {swap_step} (used "
                      f"{mine[0]['num_accepted_used'] if mine else '—'} instead of "
                      f"{mine[0]['num_accepted_sampled'] if mine else '—'}); first divergence at step "
@@ -135,13 +135,13 @@ def poison_figure(timeline: pd.DataFrame) -> Any:
     return fig
 
 
-def check_poison_persists(timeline: pd.DataFrame) -> Check:
+def check_poison_persists(timeline: pd.DataFrame) -> LessonCheck:
     after = timeline[timeline.phase == "after poisoning"]
     hits, miss = after[after.cached_tokens > 0], after[after.cached_tokens == 0]
     reset = timeline[timeline.phase == "after prefix-cache reset"]
     ok = (len(hits) >= 2 and (~hits["same as cold run"]).all() and bool(miss["same as cold run"].all())
           and bool(reset["same as cold run"].all()))
-    return Check("PLANTED poisoned cached state poisons every later hit until the cache is reset", ok,
+    return LessonCheck("PLANTED poisoned cached state poisons every later hit until the cache is reset", ok,
                  f"{int((~hits['same as cold run']).sum())}/{len(hits)} hits corrupted, "
                  f"{int(miss['same as cold run'].sum())}/{len(miss)} misses clean, "
                  f"{int(reset['same as cold run'].sum())}/{len(reset)} clean after reset")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from statescope.teach.lesson import Check, layer_index, snapshot_layers
+from statescope.teach.lesson import LessonCheck, layer_index, snapshot_layers
 
 
 def block_table(run: Any, req_id: str | None = None) -> pd.DataFrame:
@@ -55,19 +55,19 @@ def block_table_figure(run: Any, req_id: str | None = None) -> Any:
     return fig
 
 
-def check_running_column(run: Any, block_size: int) -> Check:
+def check_running_column(run: Any, block_size: int) -> LessonCheck:
     st = run.steps()
     expect = (st.num_computed_tokens + st.num_scheduled_tokens - 1) // block_size
     bad = st[st.running_col != expect]
     nonzero = [sum(1 for b in table[0] if b) for table in st.mamba_block_ids]
-    return Check("running column = block of the newest scheduled token", bad.empty and len(st) > 0,
+    return LessonCheck("running column = block of the newest scheduled token", bad.empty and len(st) > 0,
                  f"{len(st) - len(bad)}/{len(st)} steps agree; block size {block_size}; "
                  f"at most {max(nonzero)} non-null blocks held per request",
                  {"columns seen": sorted(set(int(c) for c in st.running_col)),
                   "mismatches": bad[["req_id", "req_step", "running_col"]].to_dict("records")[:5]})
 
 
-def check_prefix_hit(lesson: Any, prefix: list[int], suffix: list[int]) -> Check:
+def check_prefix_hit(lesson: Any, prefix: list[int], suffix: list[int]) -> LessonCheck:
     """Cold run of prefix+suffix, then prefix alone, then prefix+suffix again (a hit)."""
     engine, bs = lesson.engine, lesson.block_size
     engine.reset_prefix_cache()
@@ -77,13 +77,13 @@ def check_prefix_hit(lesson: Any, prefix: list[int], suffix: list[int]) -> Check
     hit = engine.generate([prefix + suffix], max_tokens=12, ignore_eos=True)[0]
     ok = (hit.num_cached_tokens > 0 and hit.num_cached_tokens % bs == 0
           and hit.output_token_ids == cold.output_token_ids)
-    return Check("a prefix-cache hit restores the state a cold prefill computes", ok,
+    return LessonCheck("a prefix-cache hit restores the state a cold prefill computes", ok,
                  f"hit of {hit.num_cached_tokens} tokens ({hit.num_cached_tokens // bs} block(s) of "
                  f"{bs}); outputs {'identical' if hit.output_token_ids == cold.output_token_ids else 'DIFFER'}",
                  {"cold output": cold.output_token_ids, "hit output": hit.output_token_ids})
 
 
-def check_accepted_window(lesson: Any, prompt: list[int], steps: int = 6, tol: float = 0.02) -> Check:
+def check_accepted_window(lesson: Any, prompt: list[int], steps: int = 6, tol: float = 0.02) -> LessonCheck:
     """The live conv rows after each verification step equal the oracle's window at that point."""
     from statescope.diverge import oracle
 
@@ -110,7 +110,7 @@ def check_accepted_window(lesson: Any, prompt: list[int], steps: int = 6, tol: f
             live = conv[row, off:off + w.shape[0]]
             errors.append(float(np.linalg.norm(live - w) / max(np.linalg.norm(w), 1e-12)))
     ok = bool(errors) and max(errors) < tol and len(rows) >= 2
-    return Check("accepted count selects the conv rows (= oracle window after the last accepted token)",
+    return LessonCheck("accepted count selects the conv rows (= oracle window after the last accepted token)",
                  ok, f"{len(rows)} steps × {len(names)} layers, worst relative error "
                      f"{max(errors) if errors else float('nan'):.4f} (tolerance {tol})",
                  {"accepted per step": [int(a) for a in rows.accepted],

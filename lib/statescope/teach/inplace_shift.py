@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from statescope.teach.lesson import Check
+from statescope.teach.lesson import LessonCheck
 
 ORDERS = ("memmove", "low_to_high", "high_to_low", "random_warps")
 
@@ -117,7 +117,7 @@ def corruption_table(n: int = 64, tile: int = 16, shifts: tuple[int, ...] = (1, 
     return pd.DataFrame(rows)
 
 
-def check_matches_kernel(n: int = 64, tile: int = 16) -> Check:
+def check_matches_kernel(n: int = 64, tile: int = 16) -> LessonCheck:
     """The animation's worst case = statescope.patches.cpu_kernels' barrierless copy, for every shift."""
     import torch
 
@@ -130,12 +130,12 @@ def check_matches_kernel(n: int = 64, tile: int = 16) -> Check:
         ours = interleave(n, s, tile, "high_to_low")[-1]
         if not np.array_equal(flat.numpy()[:n - s], ours[:n - s]):
             bad.append(s)
-    return Check("the animation's barrier-less copy is the engine's CPU copy kernel, byte for byte",
+    return LessonCheck("the animation's barrier-less copy is the engine's CPU copy kernel, byte for byte",
                  not bad, f"{n - 1 - len(bad)}/{n - 1} shifts agree ({n} B window, {tile} B tiles)",
                  {"disagreeing shifts": bad})
 
 
-def check_engine_shift(lesson: Any, n_prompts: int = 8, tile: int = 8192) -> Check:
+def check_engine_shift(lesson: Any, n_prompts: int = 8, tile: int = 8192) -> LessonCheck:
     """Real engine: memmove vs barrier-less tiles; exactly the in-place-shift requests diverge."""
     from statescope.patches import cpu_kernels
     from statescope.diverge.digest_diff import first_divergence, shifts_by_request
@@ -156,7 +156,7 @@ def check_engine_shift(lesson: Any, n_prompts: int = 8, tile: int = 8192) -> Che
     at_shift = all(rid in diverged and int(diverged[rid].first_step) == min(st)
                    and "conv" in list(diverged[rid].kinds) for rid, st in shifted.items())
     ok = bool(shifted) and at_shift and set(diverged) <= set(shifted)
-    return Check("a barrier-less in-place shift corrupts exactly the shifted requests, conv first", ok,
+    return LessonCheck("a barrier-less in-place shift corrupts exactly the shifted requests, conv first", ok,
                  f"{len(shifted)} of {len(prompts)} requests shifted a window in place; "
                  f"{len(diverged)} diverged, all at their shift step: {at_shift}",
                  {"shifted (req: steps)": shifted,

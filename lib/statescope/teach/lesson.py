@@ -3,7 +3,7 @@
 What it does: ``Lesson`` starts one real in-process vLLM engine on the trigger configuration
 (prefix caching + align + MTP(2), the embedded tiny model by default) and shares it between the
 sections of ``notebooks/07_teach_failure_mode``; ``Lesson.capture`` records a workload with state
-capture on (``statescope.capture.session.record``) into a temporary folder. ``Check`` is what each
+capture on (``statescope.capture.session.record``) into a temporary folder. ``LessonCheck`` is what each
 section's last cell returns: PASS/FAIL, what was checked, and the evidence; it prints as one
 ``PASS · ...`` line (which ``statescope render`` puts into the verdict table) and shows as HTML.
 ``snapshot_layers`` names the GDN layer of each row of a captured snapshot (capture stores them
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 
 @dataclass
-class Check:
+class LessonCheck:
     """One check cell's result against the real engine."""
 
     name: str
@@ -49,7 +49,8 @@ class Lesson:
     """One engine for the whole notebook (engine start dominates its run time)."""
 
     def __init__(self, model: str | None = None, **overrides: Any) -> None:
-        from statescope.engine.offline import EngineConfig, OfflineEngine
+        from statescope.engine.offline import OfflineEngine
+        from statescope.engine.config import EngineConfig
 
         config = EngineConfig(**({"model": model} if model else {})).replace(**overrides)
         self.engine = OfflineEngine(config)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from statescope.teach.lesson import Check, layer_index, snapshot_layers
+from statescope.teach.lesson import LessonCheck, layer_index, snapshot_layers
 
 CHANNELS = 48  # channels shown of the conv window (the whole window is 512 wide on the tiny model)
 
@@ -93,7 +93,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def check_prefill_matches_oracle(lesson: Any, tokens: list[int], tol: float = 0.02) -> Check:
+def check_prefill_matches_oracle(lesson: Any, tokens: list[int], tol: float = 0.02) -> LessonCheck:
     """After a prefill, the engine's conv windows and recurrent states equal the oracle's."""
     from statescope.diverge import oracle
 
@@ -109,7 +109,7 @@ def check_prefill_matches_oracle(lesson: Any, tokens: list[int], tol: float = 0.
         # axes are the transpose of the oracle's on this build.
         errors[name] = (round(_rel(conv[row, :width], c), 4), round(_rel(ssm[row].swapaxes(-1, -2), s), 4))
     ok = bool(errors) and all(max(e) < tol for e in errors.values())
-    return Check("prefill state equals the float64 oracle", ok,
+    return LessonCheck("prefill state equals the float64 oracle", ok,
                  f"{len(errors)} GDN layers, worst relative error "
                  f"{max(max(e) for e in errors.values()):.4f} (tolerance {tol}, bf16 weights)",
                  {f"{k} (conv, ssm)": v for k, v in errors.items()})

@@ -1,3 +1,3 @@
-"""Verdict: did corruption happen? — arms, degenerate-output detection, exact intervals, Fisher and
+"""ArmVerdict: did corruption happen? — arms, degenerate-output detection, exact intervals, Fisher and
 sequential tests, engagement guards, and the build x setting matrix.
 """

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from statescope.engine.offline import EngineConfig
+from statescope.engine.config import EngineConfig
 from statescope.errors import InputError
-from statescope.verdict.reproduce import Arm, ArmRun, label_rows, run_arm, summarize
+from statescope.verdict.reproduce import Arm, ArmRun, label_rows, run_arm, summarize_arm
 from statescope.verdict.stats import clopper_pearson
 from statescope.records import ResultsStore
 
@@ -121,7 +121,7 @@ def config_matrix(axes: dict[str, list], trace: list, *, store_root: str | Path,
             arm = Arm(name, config, expect_prefix_cache=config.enable_prefix_caching,
                       expect_spec=config.speculative)
             run = run_arm(arm, trace, store, runner=runner)
-            summary = summarize(run, label_rows(run, ctl), unit)
+            summary = summarize_arm(run, label_rows(run, ctl), unit)
             resolved_key = tuple(run.resolved.get(k) for k in RESOLVED_KEYS)
             rows.append({**cell, "resolved": {k: run.resolved.get(k) for k in RESOLVED_KEYS},
                          "warnings": run.resolved.get("warnings", []),

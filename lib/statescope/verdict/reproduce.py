@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from statescope.verdict.detect import classify_output, compare_to_control
-from statescope.engine.offline import EngineConfig
+from statescope.capture.store import CaptureRun
+from statescope.engine.config import EngineConfig
+from statescope.engine.runners import StepRequest, run_waves
 from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
-from statescope.engine.runners import StepRequest, run_waves
-from statescope.verdict.stats import ArmSummary, Verdict, decide
 from statescope.records import ResultsStore, config_hash, load_records
+from statescope.verdict.detect import classify_output, compare_to_control
+from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
 from statescope.workload.trace import TraceStep, build_messages, episodes_of
 
 UNITS = ("request", "episode", "engine_lifetime")
@@ -69,6 +70,7 @@ class ArmRun:
     lifetimes: dict[str, int] = field(default_factory=dict)
 
 
+
 def trace_next_step(trace: list[TraceStep], padder=None):
     """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
     with a ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
@@ -87,6 +89,7 @@ def trace_next_step(trace: list[TraceStep], padder=None):
     return next_step
 
 
+
 def _padder_for(trace: list[TraceStep], engine):
     if not any(s.geometry for s in trace):
         return None
@@ -99,13 +102,13 @@ def _padder_for(trace: list[TraceStep], engine):
     return GeometryPadder(engine.config.model, int(unit))
 
 
+
 def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
     """An engine for ``arm``: 'offline' (in-process), 'server' (launched), or an http(s) URL."""
     from statescope.engine.runners import OfflineRunner, ServerRunner
 
     if runner == "offline":
-        from statescope.patches import cpu_kernels
-        from statescope.patches import faults
+        from statescope.patches import cpu_kernels, faults
 
         faults.uninstall_fault()
         if arm.fault is not None:
@@ -126,6 +129,7 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
                              "statescope launches ('offline' or 'server'), not a URL")
         return ServerRunner(runner, concurrency=concurrency)
     raise InputError(f"reproduce runner={runner!r}: expected 'offline', 'server' or an http(s) URL")
+
 
 
 def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: str = "offline",
@@ -153,6 +157,7 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     return ArmRun(arm, rows, metrics, resolved, lifetimes)
 
 
+
 def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
                action_validator=None) -> list[dict]:
     """Per-request labels: degenerate reasons, flip kind against the control, failed or not."""
@@ -177,6 +182,7 @@ def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
     return out
 
 
+
 def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
     """Unit of independence -> failed?, in first-seen order (a unit fails if any request did)."""
     if unit not in UNITS:
@@ -189,7 +195,8 @@ def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
     return units
 
 
-def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
+
+def summarize_arm(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
     units = failed_units(labels, unit)
     m = run.metrics
     return ArmSummary(name=run.arm.name, n_units=len(units), n_failed_units=sum(units.values()),
@@ -199,6 +206,7 @@ def summarize(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
                       spec_accepted_tokens=m.get("spec_accepted_tokens", 0),
                       resolved=run.resolved, expect_prefix_cache=run.arm.expect_prefix_cache,
                       expect_spec=run.arm.expect_spec, n_requests=len(labels))
+
 
 
 def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
@@ -218,7 +226,7 @@ def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: fl
 
 @dataclass
 class ReproduceResult:
-    verdict: Verdict
+    verdict: ArmVerdict
     trigger: ArmRun
     control: ArmRun
     trigger_labels: list[dict]
@@ -249,6 +257,7 @@ class ReproduceResult:
         return banner + self.verdict._repr_html_() + note
 
 
+
 def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
               run_id: str, runner: str = "offline", unit: str = "episode",
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
@@ -277,10 +286,11 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     validator = guilang.is_valid_action if action_syntax else None
     ctl_labels = label_rows(ctl, None, action_validator=validator)
     trg_labels = label_rows(trg, ctl, action_validator=validator)
-    verdict = decide(summarize(trg, trg_labels, unit), summarize(ctl, ctl_labels, unit), alpha=alpha)
+    verdict = decide(summarize_arm(trg, trg_labels, unit), summarize_arm(ctl, ctl_labels, unit), alpha=alpha)
     if trigger.labels or control.labels:
         verdict.explanation += " NOTE: " + "; ".join(trigger.labels + control.labels) + "."
     return ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir)
+
 
 
 def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
@@ -298,3 +308,40 @@ def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
         raise InputError(f"control={control!r}: expected one of {sorted(controls)}")
     return (Arm("trigger", trigger, expect_prefix_cache=True, expect_spec=True),
             Arm(control, controls[control]))
+
+
+
+def reproduce_with_capture(trigger: Any, control: Any, trace: Sequence[Any], *, store_root: Any,
+                           spec: dict, unit: str = "request", control_run: Any = None) -> dict:
+    """The reproduce verdict twice — capture off, then capture on with ``spec`` — for the same
+    arms and trace, sharing one control-arm run. Returns ``{"off", "on"}`` (the two
+    ``ReproduceResult``), ``"run"`` (the capture of the trigger arm), ``"same_verdict"`` and
+    ``"same_failures"`` (the same requests failed, by episode and step)."""
+    from pathlib import Path
+
+    from statescope.capture import recorder as capture
+    from statescope.patches import faults
+    from statescope.verdict.reproduce import reproduce
+
+    root = Path(store_root)
+    off = reproduce(trigger, control, trace, store_root=root, run_id="capture-off", unit=unit,
+                    control_run=control_run)
+    faults.uninstall_fault()  # capture's hooks go under a planted fault's wrapper, not over it
+    spec = dict(spec)
+    spec.setdefault("output_dir", str(root / "captures"))
+    capture.install(spec)
+    try:
+        on = reproduce(trigger, control, trace, store_root=root, run_id="capture-on", unit=unit,
+                       control_run=off.control)
+    finally:
+        faults.uninstall_fault()
+        dirs = capture.uninstall()
+
+    def failures(res: Any) -> set:
+        return {(lab["episode"], int(lab["step"])) for lab in res.trigger_labels if lab["failed"]}
+
+    runs = [CaptureRun(d) for d in dirs]
+    trigger_runs = [r for r in runs if len(r.steps())]
+    return {"off": off, "on": on, "run": trigger_runs[-1] if trigger_runs else None,
+            "same_verdict": off.verdict.outcome == on.verdict.outcome,
+            "same_failures": failures(off) == failures(on)}

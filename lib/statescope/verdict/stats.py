@@ -1,4 +1,4 @@
-"""Verdict statistics: exact intervals and tests, sample sizes, a sequential test, and the A/B verdict.
+"""ArmVerdict statistics: exact intervals and tests, sample sizes, a sequential test, and the A/B verdict.
 
 What it does: Clopper–Pearson intervals, Fisher's exact test, detection and two-arm sample sizes, a
 Bernoulli Wald SPRT, and ``decide()``, which turns a trigger and a control arm summary into one of
@@ -227,7 +227,7 @@ class Guard:
 
 
 @dataclass
-class Verdict:
+class ArmVerdict:
     """decide()'s result: the outcome, the numbers behind it, every guard, and a plain explanation."""
     outcome: str
     trigger: ArmSummary
@@ -330,7 +330,7 @@ def _guards(t: ArmSummary, c: ArmSummary, control_max_rate: float) -> dict[str, 
 
 
 def decide(trigger: ArmSummary, control: ArmSummary, alpha: float = 0.01,
-           control_max_rate: float = 0.05) -> Verdict:
+           control_max_rate: float = 0.05) -> ArmVerdict:
     """Judge a trigger arm against a control arm; guards are checked before the Fisher test."""
     trigger, control = _check_arm(trigger, "trigger"), _check_arm(control, "control")
     _check_prob(alpha, "decide alpha")
@@ -373,5 +373,5 @@ def decide(trigger: ArmSummary, control: ArmSummary, alpha: float = 0.01,
             f"{counts}: no significant excess in the trigger (one-sided Fisher p={p:.3g}, "
             f"alpha={alpha}). Power: this run rules out a trigger failure rate above {t_ci[1]:.2%} "
             f"(upper 95% Clopper-Pearson bound); smaller rates remain possible.")
-    return Verdict(outcome, t, c, unit, t_rate, t_ci, c_rate, c_ci, p, alpha, list(g.values()),
+    return ArmVerdict(outcome, t, c, unit, t_rate, t_ci, c_rate, c_ci, p, alpha, list(g.values()),
                    why + note)

@@ -70,7 +70,7 @@ def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
     return rows
 
 
-def summarize(rows: list[dict]):
+def summarize_requests(rows: list[dict]):
     """One line per request: episode, step, prompt/cached tokens, output."""
     from statescope.tables import RecordsTable
 

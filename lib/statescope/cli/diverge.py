@@ -1,0 +1,107 @@
+"""``statescope diverge RUN --reference REF`` and ``statescope continuity RUN``: where a capture
+run's state first departs, in a terminal.
+
+What it does: parses the arguments, calls the library (``statescope.diverge.report``,
+``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
+machines).
+
+What it deliberately does not do: compare anything itself; every rule lives in ``statescope.diverge``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from statescope.diverge.conv_continuity import continuity_summary, conv_shift_check
+from statescope.diverge.report import DivergenceReport, divergence_report
+from statescope.diverge.report import _open as _open_run
+
+
+
+def _open(path: Any, what: str) -> Any:
+    return _open_run(path, what)
+
+
+
+def _position_report(args: argparse.Namespace) -> DivergenceReport:
+    from statescope.diverge.by_position import position_report
+    from statescope.diverge.noise import calibrate, compare_states
+    from statescope.diverge.replay import CapturedStates
+
+    run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
+    # no clean runs given: compare the reference with itself, so only the floor sets tolerance
+    clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
+    tol = calibrate([compare_states(c, ref) for c in clean],
+                    [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
+    return position_report(run, ref, tol)
+
+
+def diverge_command(args: argparse.Namespace) -> int:
+    from statescope.diverge.hypotheses import hypothesis_table, run_context
+
+    report = (_position_report(args) if args.by_position
+              else divergence_report(args.run, args.reference, rtol=args.rtol))
+    from statescope.diverge.conv_continuity import run_continuity
+
+    run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
+    table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
+                             continuity=run_continuity(run))
+    if args.json:
+        print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
+    else:
+        print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
+              f"({report.run} vs {report.reference}; magnitude in {report.unit})")
+        if report.requests:
+            print(report.table().to_string(index=False))
+        print(table.frame()[["rank", "hypothesis", "label", "supports", "contradicts",
+                             "not_exercised", "why"]].to_string(index=False))
+    return 0
+
+
+def add_diverge_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("diverge", help="where a capture run first departs from a reference run")
+    p.add_argument("run", help="capture run directory")
+    p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
+    p.add_argument("--by-position", action="store_true",
+                   help="compare full-mode captures by (request, token position) in tolerance units")
+    p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
+                   help="with --by-position: clean full-mode runs of the same prompts; tolerance "
+                        "= 2x their largest difference from the reference (floor: 1/256 of scale)")
+    p.add_argument("--planted", default=None,
+                   help="planted fault / copy semantics of RUN (e.g. barrierless_tiles, "
+                        "permute_accepted): its mechanism is labelled EMULATED")
+    p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
+    p.set_defaults(func=diverge_command)
+
+
+
+def continuity_command(args: Any) -> int:
+    """``statescope continuity RUN``: the check needs no reference run; exit 1 if a shift broke."""
+    import json
+
+    df = conv_shift_check(args.run)
+    summary = continuity_summary(df)
+    breaks = df[~df["ok"]] if not df.empty else df
+    if args.json:
+        print(json.dumps({"run": str(args.run), "summary": summary,
+                          "breaks": breaks.to_dict(orient="records")}, indent=2, default=str))
+    else:
+        print(f"{summary['break_transitions']} of {summary['transitions_checked']} decode transitions "
+              f"({summary['requests_with_break']} of {summary['requests_checked']} requests): the conv "
+              "update applied a shift other than the accepted count")
+        if len(breaks):
+            cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts",
+                    "moved", "prefill_rows_in_batch"]
+            print(breaks[[c for c in cols if c in breaks]].head(args.limit).to_string(index=False))
+    return 1 if summary["break_transitions"] else 0
+
+
+def add_continuity_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("continuity", help="exact check, from a digest capture alone, that each "
+                                                 "decode step's conv update shifted by the accepted count")
+    p.add_argument("run", help="capture run directory (digest or full mode, speculative decoding on)")
+    p.add_argument("--limit", type=int, default=40, help="break rows to print")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=continuity_command)
