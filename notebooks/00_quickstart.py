@@ -20,8 +20,7 @@
 # drafts).
 
 # %%
-from statescope.engine.offline import OfflineEngine
-from statescope.engine.config import EngineConfig
+from statescope.engine import EngineConfig, OfflineEngine
 from statescope.workload import episodes as workload
 
 config = EngineConfig()  # prefix caching + align + MTP(2), temperature 0

@@ -25,7 +25,7 @@
 
 # %%
 from statescope.verdict import reproduce as rp
-from statescope.workload.episodes import preset_trace
+from statescope.workload import preset_trace
 from statescope.records import new_run_id
 
 trace = preset_trace("smoke", geometry="mixed")  # prompt ends before/at/after align boundaries
@@ -58,7 +58,7 @@ result.examples()
 # result is labelled **PLANTED**.
 
 # %%
-from statescope.patches.faults import FaultSpec
+from statescope.patches import FaultSpec
 
 trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
 planted = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("planted"),

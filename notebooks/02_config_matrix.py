@@ -19,8 +19,8 @@
 # comparison here would compare an arm with itself.
 
 # %%
-from statescope.verdict.matrix import config_matrix
-from statescope.workload.episodes import preset_trace
+from statescope.verdict import config_matrix
+from statescope.workload import preset_trace
 from statescope.records import new_run_id
 
 axes = {"enable_prefix_caching": [True, False], "num_speculative_tokens": [0, 2],

@@ -38,7 +38,7 @@
 # state of 48 heads × 128 × 128 in float32.
 
 # %%
-from statescope.capture.store import QWEN35_27B, gdn_geometry, snapshot_bytes
+from statescope.capture import QWEN35_27B, gdn_geometry, snapshot_bytes
 geo = gdn_geometry(QWEN35_27B, num_speculative_tokens=2)
 geo, round(snapshot_bytes(geo) / 2**20, 1)
 
@@ -49,7 +49,7 @@ geo, round(snapshot_bytes(geo) / 2**20, 1)
 # to terabytes. That is why full mode takes a (request, step) selection and a byte budget.
 
 # %%
-from statescope.capture.store import estimate_capture_bytes
+from statescope.capture import estimate_capture_bytes
 digest = estimate_capture_bytes(geo, requests=288, steps_per_request=40, mode="digest")
 full = estimate_capture_bytes(geo, 288, 40, mode="full", snapshot_pairs=288 * 40)
 digest["total_bytes"] / 1e9, full["total_bytes"] / 1e12  # GB, TB
@@ -62,9 +62,8 @@ digest["total_bytes"] / 1e9, full["total_bytes"] / 1e12  # GB, TB
 # different offsets, so every align-mode copy path runs, in-place conv shifts included.
 
 # %%
-from statescope.engine.offline import OfflineEngine
-from statescope.engine.config import EngineConfig
-from statescope.capture.session import boundary_prompts, record
+from statescope.engine import EngineConfig, OfflineEngine
+from statescope.capture import boundary_prompts, record
 engine = OfflineEngine(EngineConfig())
 prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)
 
@@ -81,7 +80,7 @@ clean
 # `benchmarks/bench_capture.py` measured for this mode.
 
 # %%
-from statescope.capture.session import perturbation_report
+from statescope.capture import perturbation_report
 perturbation_report(clean)
 
 # %%
@@ -130,7 +129,7 @@ clean.digests()[["req_id", "req_step", "layer", "kind", "block_id", "checksum", 
 # report doing (`census_crosscheck`).
 
 # %%
-from statescope.capture.census import census_report
+from statescope.capture import census_report
 report = census_report(clean.path)
 report["counts"], report["by_launch_and_state"], report["crosscheck"]
 
@@ -154,7 +153,7 @@ cpu_kernels.set_copy_semantics("memmove")
 # their digests first differ from the clean run?
 
 # %%
-from statescope.diverge.digest_diff import first_divergence, shifts_by_request
+from statescope.diverge import first_divergence, shifts_by_request
 shifts_by_request(faulty)
 
 # %%
@@ -202,10 +201,10 @@ engine.close()
 # off then capture on (one engine per arm, the control arm shared), and compare.
 
 # %%
-from statescope.verdict.reproduce import reproduce_with_capture
-from statescope.patches.faults import FaultSpec
-from statescope.verdict.reproduce import standard_arms
-from statescope.workload.episodes import preset_trace
+from statescope.verdict import reproduce_with_capture
+from statescope.patches import FaultSpec
+from statescope.verdict import standard_arms
+from statescope.workload import preset_trace
 trigger, control = standard_arms("reference")
 trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
 

@@ -37,30 +37,26 @@
 # before a Mamba block boundary, so decoding crosses it at different offsets.
 
 # %%
-from statescope.engine.offline import OfflineEngine
-from statescope.engine.config import EngineConfig
-from statescope.capture.session import boundary_prompts, record
+from statescope.engine import EngineConfig, OfflineEngine
+from statescope.capture import boundary_prompts, record
 engine = OfflineEngine(EngineConfig())
 prompts = boundary_prompts(engine.resolved()["mamba_block_size"], 12)
 
 # %% [markdown]
 # The reference uses `memmove` copies, which are correct for any overlap. The second run plants
 # the barrier-less copy with the 8 KiB tile of 0.28.0's fused conv copy. It also takes the
-# accelerator's packed launch path, as in `tests/test_capture.py`.
+# accelerator's packed launch path (`accelerator_path`), as a GPU run does.
 
 # %%
 import tempfile
-from statescope.capture import run as capture_run
 from statescope.patches import cpu_kernels
 out = tempfile.mkdtemp(prefix="statescope-diverge-")
 reference, _ = record(engine, {"output_dir": out, "run_id": "memmove"}, prompts)
 
 # %%
 cpu_kernels.set_copy_semantics("barrierless_tiles", 8192)
-capture_run.DEVICE_PATH_ON_CPU = True
-planted, _ = record(engine, {"output_dir": out, "run_id": "barrierless"}, prompts)
+planted, _ = record(engine, {"output_dir": out, "run_id": "barrierless", "accelerator_path": True}, prompts)
 cpu_kernels.set_copy_semantics("memmove")
-capture_run.DEVICE_PATH_ON_CPU = False
 
 # %% [markdown]
 # ## 2 · The divergence report
@@ -69,7 +65,7 @@ capture_run.DEVICE_PATH_ON_CPU = False
 # bytes left behind by the block's previous user.
 
 # %%
-from statescope.diverge.report import divergence_report
+from statescope.diverge import divergence_report
 report = divergence_report(planted.path, reference.path)
 report
 
@@ -99,7 +95,7 @@ report.heatmap()
 # so the prefix-cache hypotheses are not exercised either.
 
 # %%
-from statescope.diverge.hypotheses import hypothesis_table, run_context
+from statescope.diverge import hypothesis_table, run_context
 context = run_context(planted, planted="barrierless_tiles")
 context
 

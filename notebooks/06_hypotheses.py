@@ -41,8 +41,7 @@
 # the others decode. That gives two rows with different accepted counts in one batch.
 
 # %%
-from statescope.engine.offline import OfflineEngine
-from statescope.engine.config import EngineConfig
+from statescope.engine import EngineConfig, OfflineEngine
 from statescope.diverge import study as dd
 engine = OfflineEngine(EngineConfig())
 prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])
@@ -56,7 +55,7 @@ len(prompts), [len(p) for p in prompts]
 # 8 KiB tile of 0.28.0's fused conv copy.
 
 # %%
-from statescope.patches.faults import FaultSpec
+from statescope.patches import FaultSpec
 planted = {"permute_accepted": FaultSpec("permute_accepted", prompt_shas=[dd.prompt_sha(prompts[0])]),
            "drop_postprocess_copy": FaultSpec("drop_postprocess_copy", prompt_shas=[dd.prompt_sha(prompts[1])]),
            "perturb_conv_row": FaultSpec("perturb_conv_row", prompt_shas=[dd.prompt_sha(prompts[2])], at_output_token=4, layers=[1], delta=4.0),
@@ -126,7 +125,7 @@ aligned = noise.in_units(noise.compare_states(run, oracle), study.oracle_toleran
 # the step of a same-block left-shift copy. The recurrent state follows one step later.
 
 # %%
-from statescope.diverge.hypotheses import hypothesis_table, run_context
+from statescope.diverge import hypothesis_table, run_context
 copy = dd.reports(study, "barrierless_tiles")["replay"]
 copy
 
@@ -256,7 +255,7 @@ pd.DataFrame(rows)
 # ## Check 7 · No planted fault, no divergence
 
 # %%
-from statescope.diverge.by_position import clean_check, position_report
+from statescope.diverge import clean_check, position_report
 [clean_check(position_report(s, study.replays["clean"], study.tolerance)) for s, _ in study.runs["rebatched"]]
 
 # %% [markdown]

@@ -26,7 +26,7 @@ walk_tokens = 32
 model = None  # None = the embedded default (data/models/tiny-qwen35)
 
 # %%
-from statescope.teach.lesson import Lesson, varied_prompt
+from statescope.teach import Lesson, varied_prompt
 lesson = Lesson(model)
 lesson.summary()
 
@@ -69,7 +69,7 @@ teach_state.check_prefill_matches_oracle(lesson, varied_prompt(300, seed=2))
 
 # %%
 from statescope.teach import align as teach_align
-from statescope.capture.session import boundary_prompts
+from statescope.capture import boundary_prompts
 run, _ = lesson.capture(boundary_prompts(lesson.block_size, 4), max_tokens=16)
 teach_align.block_table(run)
 

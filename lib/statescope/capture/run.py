@@ -94,9 +94,9 @@ class RunCapture(RunEmitter):
             [(n, g, s) for (n, g), s in zip(self.layers, states)], dim_first)
         self.device = states[0][0].device
         # accelerator path: reduce in the step (async device ops) and pack results for one
-        # pinned copy. DEVICE_PATH_ON_CPU forces it on CPU so tests exercise the GPU logic
-        # (the digest numbers still come from the C kernel there: one implementation per host).
-        self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU
+        # pinned copy. The spec's accelerator_path (or DEVICE_PATH_ON_CPU, for tests) forces it on
+        # CPU to show the GPU logic (the digest numbers still come from the C kernel there).
+        self.device_path = self.device.type != "cpu" or DEVICE_PATH_ON_CPU or spec.accelerator_path
         self.digester = Digester(spec.projections, spec.digest_seed)
         # CUDA: both kinds' digests into one buffer per step, as a graph replay (the default;
         # STATESCOPE_DIGEST_GRAPH=0 launches them eagerly: statescope.capture.digest_graph)

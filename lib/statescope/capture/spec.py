@@ -15,12 +15,16 @@ Spec fields (all optional except ``output_dir``)::
      "full": {"pairs": [["3", 0], ["7", 2]], "first_steps": 2},       # request-local steps
      "max_bytes": 1000000000, "projections": 3, "digest_seed": 0, "census": true,
      "draft_columns": false, "flush_every_steps": 64, "flush_interval_s": 2.0,
-     "emit": "auto", "defer_max_steps": 1024}
+     "emit": "auto", "defer_max_steps": 1024, "accelerator_path": false}
 
 ``draft_columns``: also digest the speculative columns after the running one (the candidate
 states after each scheduled draft token), as digest rows with ``column_offset`` 1..drafts. Off
 by default: with MTP(2) it triples the state bytes digested per step (docs/benchmarks.md has the
 measured cost).
+
+``accelerator_path``: on a CPU engine, take the accelerator's launch path anyway (reductions in the
+step, one packed host copy, the post-process's staged launch decisions) — what a GPU run executes,
+so a CPU run can show it; the digest numbers are the same either way.
 
 ``emit``: when finished steps become table rows. ``"background"``: at once, by the flusher thread;
 ``"idle"``: the flusher only appends them to the run's spool, rows are made when no engine step has
@@ -52,6 +56,7 @@ MODES = ("off", "digest", "full")
 REQUEST_KEYS = ("all", "sample", "seed", "ids", "prompt_prefixes", "episode_tags")
 TOP_KEYS = ("output_dir", "run_id", "mode", "requests", "full", "max_bytes", "projections",
             "digest_seed", "census", "draft_columns", "flush_every_steps", "flush_interval_s", "emit",
+            "accelerator_path",
             "defer_max_steps")
 EMIT = ("auto", "background", "idle")
 
@@ -82,6 +87,7 @@ class CaptureSpec:
     digest_seed: int = 0
     census: bool = True
     draft_columns: bool = False
+    accelerator_path: bool = False
     flush_every_steps: int = 64
     flush_interval_s: float = 2.0
     emit: str = "auto"
@@ -152,7 +158,7 @@ class CaptureSpec:
             self._bad("projections", "an integer in 0..16")
         if not isinstance(self.flush_interval_s, (int, float)) or self.flush_interval_s <= 0:
             self._bad("flush_interval_s", "a positive number of seconds")
-        for name in ("census", "draft_columns"):
+        for name in ("census", "draft_columns", "accelerator_path"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "true or false")
         if self.run_id is not None and (not isinstance(self.run_id, str) or "/" in self.run_id):
