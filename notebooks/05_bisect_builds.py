@@ -219,8 +219,8 @@ native.posterior_figure()
 # Re-run (results land in `data/results/builds/`):
 #
 # ```
-# python -m statescope.builds.releases check
-# python -m statescope.builds.releases matrix --runs runs
-# python -m statescope.builds.releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
+# statescope releases check
+# statescope releases matrix --runs runs
+# statescope releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
 # ```
 

@@ -271,6 +271,7 @@ from statescope.diverge import clean_check, position_report
 
 # %%
 from statescope.diverge import views
+from statescope.share import figures
 views.conv_diff_viewer(study.runs["drop_postprocess_copy"][0], study.replays["drop_postprocess_copy"], study.tolerance)
 
 # %%
@@ -284,7 +285,7 @@ timeline = views.request_timeline(study.runs["drop_postprocess_copy"][0], first[
 timeline
 
 # %%
-[views.export_png(f, study.out / f"{n}.png") for n, f in (("conv_window", fig), ("timeline", timeline))]
+[figures.export_png(f, study.out / f"{n}.png") for n, f in (("conv_window", fig), ("timeline", timeline))]
 
 # %% [markdown]
 # `export_png` reports either the file it wrote or why it could not write one (for example, no

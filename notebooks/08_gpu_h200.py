@@ -30,15 +30,74 @@
 # overhead on two random-weight hybrids. Round 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
 # four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. Round 4
 # (`data/results/gpu/e2e_round4/`, ~08:12 UTC): the trigger again, with and without the `accept_sync`
-# patch (section 0b). What did not run says **not run**.
+# patch. What did not run says **not run**.
+
+The notebook is ordered by question: **1** what races (the copy kernels), **2** what corrupts (the
+end-to-end verdicts and where the state departs), **3** which factors a departure needs, **4** which
+patch removes it, **5** what the capture costs.
 
 # %%
 import pandas as pd
 from statescope.results import e2e as gr
-{k: gr.manifest()[k] for k in ("vllm", "torch", "triton", "gpu", "driver", "cuda", "date_utc")}
+from statescope.results import overhead as gor
+from statescope.results import files
+{k: files.manifest()[k] for k in ("vllm", "torch", "triton", "gpu", "driver", "cuda", "date_utc")}
 
 # %% [markdown]
-# ## 0 · Round 3: corruption detected on the H200
+# ## 1 · What races? The copy kernels
+#
+# H-copy's shape is an in-place left shift done by a parallel copy with no ordering. The race probe
+# drives vLLM 0.26.0's raw `batch_memcpy` with left-overlapping copies; the kernel-agreement check
+# runs the same launches through 0.26.0's Triton kernels and statescope's CPU kernels; the build
+# decision bisects 0.26.0 against 0.26.0 + an overlap-safe copy with the probe as a flaky oracle.
+
+# %% [markdown]
+# ### 1a · The race probe: corrupted copies per shift class
+#
+# Corrupted copies per shift class of vLLM 0.26.0's raw `batch_memcpy`, unpatched and with the
+# overlap-safe patch (1.1 M copies per cell; `docs/gpu.md`).
+
+# %%
+gr.race_table()
+# %% [markdown]
+# ### 1b · statescope's CPU kernels vs vLLM 0.26.0's own GPU kernels, copy for copy
+#
+# The same random launches (20 per row, 64 requests each: no copy, copies between blocks and
+# in-place shifts, padded page strides) through 0.26.0's Triton kernels on the H200 and through
+# `statescope.patches.cpu_kernels`, every state byte and the accepted-count output compared.
+
+# %%
+pd.DataFrame(gr.kernel_table())
+
+# %% [markdown]
+# Every V1 path agrees byte for byte (states and accepted counts), in both conv layouts and all four
+# geometries, in-place shifts included. The one difference is the **V2** post-process
+# (`HAS_IDX_MAPPING=True`): 0.26.0 writes the accepted count back *in place* into its input (the
+# state bytes still agree), while statescope follows 0.28.0, which writes the separate output
+# buffer. In 0.26.0 that in-place write can race with the launch's other programs of the same
+# request, which read the count (the sequential Triton interpreter shows the effect on CPU).
+
+# %% [markdown]
+# ### 1c · The build decision: 0.26.0 vs 0.26.0 + overlap-safe copy
+#
+# Flaky oracle: one request = one left-overlapping 4 KiB copy at a 576 B shift (a racing class),
+# sampled from a launch of 20,000; builds ordered 0.26.0 → + overlap-safe → a reference memmove;
+# `bisect.bayesian_bisect` in find-fix mode decides where the failure rate dropped.
+
+# %%
+gr.decision_summary()
+
+# %%
+gr.bisect_result().posterior_figure()
+
+# %% [markdown]
+# ## 2 · What corrupts? The end-to-end verdicts
+#
+# Trigger (prefix caching + align + MTP(2) + async scheduling) against one-factor controls, every
+# verdict recomputed from the committed records.
+
+# %% [markdown]
+# ### 2a · Corruption detected (round 3, eager, 12 seeds)
 #
 # The four arms again on tiny-gui, **all eager**, 12 seeds (96 episodes, 576 requests per arm), each
 # verdict recomputed from the committed records (`statescope.results.factors`). The trigger fails 11 of
@@ -58,97 +117,14 @@ pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
 pd.DataFrame(r3.departures())
 
 # %% [markdown]
-# ## 0b · Round 4: the accept_sync patch removes all of it
-#
-# Round 3's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
-# runtime patch `accept_sync` (the host accepted counts keep the previous step's row order until
-# vLLM remaps them; `statescope.patches.accept_sync`). Each is judged against round 3's controls
-# (`statescope.results.patch_check`).
-
-# %%
-from statescope.results import patch_check as r4
-pd.DataFrame(r4.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
-                                   "trigger_units", "control_failed", "fisher_p"]]
-
-# %% [markdown]
-# Unpatched, the trigger departs on exactly round 3's 17 requests (the race is deterministic on an
-# unchanged load); patched, on none — with the cache hit and the drafts accepted as often.
-
-# %%
-pd.DataFrame(r4.patch_table()).drop_duplicates("trigger")
-
-# %%
-r4.patched_vs_unpatched()
-
-# %% [markdown]
-# ## 0c · Round 4: what the capture costs now
-#
-# The overhead probe again (random 1.6 B and 6.7 B hybrids, compiled, CUDA graphs, async scheduling),
-# after two changes: rows are made when the engine idles (the flusher only spools each step), and
-# the census is decided on the host. `host_ms_*` is the capture's own thread time per step — the
-# stable measure; the ratios to capture off are medians of noisy rounds. Still short of 0.97.
-
-# %%
-pd.DataFrame(r4.overhead_table()).drop(columns=["file"])
-
-# %% [markdown]
-# ## 0d · Round 5: the graph digest, built once per engine
-#
-# The same probe on the 6.7 B hybrid, modes off / digest (now a CUDA-graph replay, built once per
-# engine) / digest_eager, and a second workload shaped like the workbook's (4 agents × 8 steps,
-# 2,432-token prompts sharing 2,048). Ratios are paired by round, with a distribution-free 95 %
-# interval of the median (`statescope.results.overhead`).
-
-# %%
-from statescope.results import overhead as gor
-pd.DataFrame(gor.overhead_rows(gor.R5_DIR)).drop(columns=["file", "ci_coverage", "capture_ran"])
-
-# %% [markdown]
-# The goal (≤ 3 % loss) is judged on the whole interval: the GUI workload's median is 0.973, but no
-# interval lies above 0.97 — not shown in round 5.
-
-# %%
-pd.DataFrame(gor.goal_check(gor.R5_DIR))
-
-# %% [markdown]
-# ## 0e · Round 6: a compact record in the step
-#
-# The step now keeps numpy arrays (block tables read from vLLM's input batch, running columns picked
-# vectorized; `statescope.capture.facts`) and makes the per-request rows later. Host time per step
-# fell to 0.66–0.93 ms in the step (round 5: 0.75–1.23) — and every digest round's capture ran
-# (`capture_ran`: complete, no hook error, the same digest rows as round 5).
-
-# %%
-pd.DataFrame(gor.overhead_rows(gor.R6_DIR)).drop(columns=["ci_coverage", "graph_vs_eager_identical"])
-
-# %% [markdown]
-# Per call, and pooled over the two calls of the same code: the paired medians sit at 0.967–0.992
-# (a 1–3 % loss); the GUI workload's interval lies above 0.97 in call 3; elsewhere the intervals
-# straddle the line — at 32 requests × short steps (decode) the cost is right at 3 %.
-
-# %%
-pd.DataFrame(gor.goal_check(gor.R6_DIR) + gor.pooled_check())
-
-# %% [markdown]
-# **Which factors.** Every tiny-gui configuration run on the H200, against round 2's eager async-off
-# control on the 288 requests all share. The eager trigger departs on the same six requests as
-# round 2's compiled one, the compiled async-off control on none: CUDA graphs are not needed, async
-# scheduling is (and prefix caching and MTP, whose controls are clean). With two engines sharing
-# the GPU (the 12-seed set) the trigger departed on 12 of these 288: which requests are hit depends
-# on timing.
-
-# %%
-pd.DataFrame(r3.factor_table())
-
-# %% [markdown]
-# ## 1 · The end-to-end verdict table (trigger vs controls)
+# ### 2b · The first end-to-end table (round 2, 6 seeds)
 #
 # Trigger: prefix caching + `mamba_cache_mode="align"` + MTP(2) + async scheduling. Controls: async
 # off, prefix caching off, MTP off. Recomputed here from the committed records with
 # `reproduce.label_rows`/`summarize` and `stats.decide` (unit: episode, one-sided Fisher, α = 0.01).
 # These are round 2's arms (6 seeds). **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its
 # controls eager — a compiled start (~150 s) did not fit the controls' time limits — so each pair
-# differs in CUDA graphs as well (round 3's factor check above shows that difference does not matter).
+# differs in CUDA graphs as well (the factor check in section 3 shows that difference does not matter).
 # The race variant's arms all ran eager; its one failing request fails identically in every arm
 # (a model error), which trips the control-quality guard: "control broken" is the honest label.
 
@@ -165,7 +141,7 @@ pd.DataFrame(gr.verdict_table())
 pd.DataFrame(gr.trigger_summary()).T
 
 # %% [markdown]
-# ### 1b · The compiled trigger departs from the eager controls on 6 of 288 requests — deterministically
+# ### 2c · The compiled trigger departs from the eager controls on 6 of 288 requests — deterministically
 #
 # The three eager controls agree with each other on all 288 texts. The compiled trigger differs on
 # six: five step-2 requests that loaded 2,640 cached tokens (55 blocks of 48) and one step-3
@@ -180,7 +156,7 @@ pd.DataFrame(gr.trigger_summary()).T
 gr.capture_on_off()
 
 # %% [markdown]
-# ### 1c · Where the state departs, from the capture alone (`scripts/gpu_localize.py`)
+# ### 2d · Where the state departs, from the capture alone
 #
 # Two checks on the trigger's digest capture. **Exact conv-window continuity** (no reference, no
 # tolerance): after a decode step that accepted *a* tokens, the next step's first window rows must
@@ -215,7 +191,7 @@ pd.DataFrame(gr.continuity_table())
 pd.DataFrame(gr.localization()["hypotheses"]["rows"])
 
 # %% [markdown]
-# ## 2 · Does the prefix cache engage under MTP? Prompt length vs block size
+# ### 2e · Does the prefix cache engage under MTP? Prompt length vs block size
 #
 # Each random prompt of `full_blocks × block_size + extra_tokens` tokens was sent twice on a reset
 # cache; the second request's cached tokens are the hit. With MTP(2) on vLLM 0.26.0 (as on
@@ -230,38 +206,49 @@ sweep = pd.DataFrame(gr.sweep_table())
 sweep.pivot_table(index="full_blocks", columns=["arm", "extra_tokens"], values="hit_blocks")
 
 # %% [markdown]
-# ## 3 · statescope's CPU kernels vs vLLM 0.26.0's own GPU kernels, copy for copy
+# ## 3 · Which factors does a departure need?
 #
-# The same random launches (20 per row, 64 requests each: no copy, copies between blocks and
-# in-place shifts, padded page strides) through 0.26.0's Triton kernels on the H200 and through
-# `statescope.patches.cpu_kernels`, every state byte and the accepted-count output compared.
+# Every tiny-gui configuration run on the H200, against round 2's eager async-off
+# control on the 288 requests all share. The eager trigger departs on the same six requests as
+# round 2's compiled one, the compiled async-off control on none: CUDA graphs are not needed, async
+# scheduling is (and prefix caching and MTP, whose controls are clean). With two engines sharing
+# the GPU (the 12-seed set) the trigger departed on 12 of these 288: which requests are hit depends
+# on timing.
 
 # %%
-pd.DataFrame(gr.kernel_table())
+pd.DataFrame(r3.factor_table())
 
 # %% [markdown]
-# Every V1 path agrees byte for byte (states and accepted counts), in both conv layouts and all four
-# geometries, in-place shifts included. The one difference is the **V2** post-process
-# (`HAS_IDX_MAPPING=True`): 0.26.0 writes the accepted count back *in place* into its input (the
-# state bytes still agree), while statescope follows 0.28.0, which writes the separate output
-# buffer. In 0.26.0 that in-place write can race with the launch's other programs of the same
-# request, which read the count (the sequential Triton interpreter shows the effect on CPU).
-
-# %% [markdown]
-# ## 4 · The build decision: 0.26.0 vs 0.26.0 + overlap-safe copy (issue 8)
+# ## 4 · Which patch removes it? `accept_sync` (round 4)
 #
-# Flaky oracle: one request = one left-overlapping 4 KiB copy at a 576 B shift (a racing class),
-# sampled from a launch of 20,000; builds ordered 0.26.0 → + overlap-safe → a reference memmove;
-# `bisect.bayesian_bisect` in find-fix mode decides where the failure rate dropped.
+# Round 3's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
+# runtime patch `accept_sync` (the host accepted counts keep the previous step's row order until
+# vLLM remaps them; `statescope.patches.accept_sync`). Each is judged against round 3's controls
+# (`statescope.results.patch_check`).
 
 # %%
-gr.decision_summary()
-
-# %%
-gr.bisect_result().posterior_figure()
+from statescope.results import patch_check as r4
+pd.DataFrame(r4.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
+                                   "trigger_units", "control_failed", "fisher_p"]]
 
 # %% [markdown]
-# ## 5 · Capture overhead with CUDA graphs
+# Unpatched, the trigger departs on exactly round 3's 17 requests (the race is deterministic on an
+# unchanged load); patched, on none — with the cache hit and the drafts accepted as often.
+
+# %%
+pd.DataFrame(r4.patch_table()).drop_duplicates("trigger")
+
+# %%
+r4.patched_vs_unpatched()
+
+# %% [markdown]
+# ## 5 · What does the capture cost? Overhead round by round
+#
+# Digest mode against capture off on the same engine, interleaved rounds. The goal: at most a 3 %
+# throughput loss. Each round below changed one thing in the capture's step.
+
+# %% [markdown]
+# ### 5a · The torch digest, then one Triton launch per state kind (rounds 2–3)
 #
 # Digest mode vs capture off, five interleaved rounds each on one engine (CUDA graphs + async
 # scheduling), on tiny-gui and on two random-weight Qwen3.5-architecture hybrids (1.6 B and 6.7 B
@@ -278,7 +265,7 @@ pd.DataFrame(gr.overhead_table())
 # per step 0.48 ms on the GPU instead of 10.6, same checksums bit for bit —
 
 # %%
-pd.DataFrame(r3.digest_bench())
+pd.DataFrame(gor.digest_bench())
 
 # %% [markdown]
 # — yet the ratio stayed 0.83–0.86. The probe (modes off / hooks only / digest) says why: the steps
@@ -287,7 +274,7 @@ pd.DataFrame(r3.digest_bench())
 # GPU. Still **not met**; `docs/gpu.md` lists what would have to move out of Python.
 
 # %%
-pd.DataFrame(r3.probe_table())
+pd.DataFrame(gor.probe_table())
 
 # %% [markdown]
 # The earlier session's measurement (tiny Qwen3-Next, CUDA graphs + async), for comparison:
@@ -296,10 +283,50 @@ pd.DataFrame(r3.probe_table())
 pd.DataFrame(gr.earlier_overhead())
 
 # %% [markdown]
-# ## 6 · The race probe (earlier rounds, for reference)
+# ### 5b · Rows made when the engine idles (round 4)
 #
-# Corrupted copies per shift class of vLLM 0.26.0's raw `batch_memcpy`, unpatched and with the
-# overlap-safe patch (1.1 M copies per cell; `docs/gpu.md`).
+# The overhead probe again (random 1.6 B and 6.7 B hybrids, compiled, CUDA graphs, async scheduling),
+# after two changes: rows are made when the engine idles (the flusher only spools each step), and
+# the census is decided on the host. `host_ms_*` is the capture's own thread time per step — the
+# stable measure; the ratios to capture off are medians of noisy rounds. Still short of 0.97.
 
 # %%
-gr.race_table()
+pd.DataFrame(gor.deferred_rows_table()).drop(columns=["file"])
+
+# %% [markdown]
+# ### 5c · The graph digest, built once per engine (round 5)
+#
+# The same probe on the 6.7 B hybrid, modes off / digest (now a CUDA-graph replay, built once per
+# engine) / digest_eager, and a second workload shaped like the workbook's (4 agents × 8 steps,
+# 2,432-token prompts sharing 2,048). Ratios are paired by round, with a distribution-free 95 %
+# interval of the median (`statescope.results.overhead`).
+
+# %%
+pd.DataFrame(gor.overhead_rows(gor.R5_DIR)).drop(columns=["file", "ci_coverage", "capture_ran"])
+
+# %% [markdown]
+# The goal (≤ 3 % loss) is judged on the whole interval: the GUI workload's median is 0.973, but no
+# interval lies above 0.97 — not shown in round 5.
+
+# %%
+pd.DataFrame(gor.goal_check(gor.R5_DIR))
+
+# %% [markdown]
+# ### 5d · A compact record in the step (round 6)
+#
+# The step now keeps numpy arrays (block tables read from vLLM's input batch, running columns picked
+# vectorized; `statescope.capture.facts`) and makes the per-request rows later. Host time per step
+# fell to 0.66–0.93 ms in the step (round 5: 0.75–1.23) — and every digest round's capture ran
+# (`capture_ran`: complete, no hook error, the same digest rows as round 5).
+
+# %%
+pd.DataFrame(gor.overhead_rows(gor.R6_DIR)).drop(columns=["ci_coverage", "graph_vs_eager_identical"])
+
+# %% [markdown]
+# Per call, and pooled over the two calls of the same code: the paired medians sit at 0.967–0.992
+# (a 1–3 % loss); the GUI workload's interval lies above 0.97 in call 3; elsewhere the intervals
+# straddle the line — at 32 requests × short steps (decode) the cost is right at 3 %.
+
+# %%
+pd.DataFrame(gor.goal_check(gor.R6_DIR) + gor.pooled_check())
+

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 def main() -> int:
     from statescope.results import e2e as gr
+    from statescope.results import files
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("returned", nargs="*")
@@ -28,7 +29,7 @@ def main() -> int:
     a = p.parse_args()
     dest = gr.E2E_DIR
     for d in a.returned:
-        print(d, gr.collect(d, dest))
+        print(d, files.collect(d, dest))
     (dest / "verdicts.json").write_text(json.dumps(gr.verdict_table(), indent=1) + "\n")
     summary = {"trigger": gr.trigger_summary(), "guards_from_vllm_counters": gr.guard_table(),
                "kernel_agreement": gr.kernel_table(), "decision": gr.decision_summary(),
@@ -36,7 +37,7 @@ def main() -> int:
     if (dest.parent / "e2e_capture_off").is_dir():  # the trigger re-run with capture off
         summary["capture_on_off"] = gr.capture_on_off(dest)
     (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    env = [x["result"] for x in gr.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
+    env = [x["result"] for x in files.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
     if not env:
         raise SystemExit("no environment part in the returned files")
     e = env[-1]

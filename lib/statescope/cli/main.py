@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_reproduce)
     # one module per command family; each registers its own subcommands
     from statescope.cli.bisect import add_bisect_subcommands
-    from statescope.cli.builds import add_build_subcommands
+    from statescope.cli.builds import add_build_subcommands, add_releases_subcommand
     from statescope.cli.capture import add_capture_subcommands
     from statescope.cli.diverge import add_continuity_subcommand, add_diverge_subcommand
     from statescope.cli.gpu import add_gpu_results_subcommand, add_racecheck_subcommand
+    from statescope.cli.models import add_model_check_subcommand
     from statescope.cli.render import add_render_subcommand
 
     add_capture_subcommands(sub)
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_continuity_subcommand(sub)
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
+    add_releases_subcommand(sub)
+    add_model_check_subcommand(sub)
     add_bisect_subcommands(sub)
     add_render_subcommand(sub)
     add_gpu_results_subcommand(sub)

@@ -10,8 +10,6 @@ What it does:
 * ``request_timeline(run, req_id, report=None)`` — one request's steps against token position:
   prompt/prefill chunks, block boundaries, drafts scheduled and tokens accepted, copies from the
   census (by kind), prefix-cache hit, and the first divergence from a ``DivergenceReport``.
-* ``export_png(fig, path)`` — ``statescope.share.figures.save_png``; returns a sentence saying where the
-  PNG went or, when no PNG could be made (no kaleido/Chrome, timeout), why — never raises.
 
 What it deliberately does not do: compute differences (``statescope.diverge.noise``) or decide what
 diverged (``statescope.diverge.by_position``).
@@ -146,11 +144,3 @@ def request_timeline(run: Any, req_id: str, report: Any = None):
     return fig
 
 
-def export_png(fig: Any, path: str | Path) -> str:
-    """Write ``fig`` as a PNG via ``figures.save_png``; a sentence saying where, or why not."""
-    from statescope.share import figures
-
-    out = figures.save_png(fig, path)
-    if out is None:
-        return f"PNG not exported ({path}): {figures.last_export_error}"
-    return f"PNG written: {out}"

@@ -12,8 +12,8 @@ sensitivity measurements: ``fault_sensitivity`` zeroes running GDN state mid-ans
 through the engine's KV cache manager) and checks whether later requests served from it answer
 differently.
 
-    python -m statescope.models.tiny_vllm --episodes 10 --fault-episodes 10 --prefix-episodes 10 \
-        --out data/models/tiny-gui/vllm_metrics.json
+    statescope model-check --episodes 10 --fault-episodes 10 --prefix-episodes 10 \
+        --out data/models/tiny-gui/vllm_metrics.json   # (earlier: python -m statescope.tiny_vllm)
 
 A sequence-value model (``guilang_seq``: ``guilang_variant.json`` in the model dir) is measured on
 its own language; ``--fault-at-token`` moves the planted fault (e.g. 10 = after 2 value words).
@@ -24,9 +24,7 @@ scheduler and the runner's tensors directly).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -264,50 +262,34 @@ def prefix_cache_sensitivity(engine, episodes: int = 6, modes: tuple[str, ...] =
             "control_unperturbed_hit": control, "by_mode_layer": res}
 
 
-def main() -> None:
-    import statescope  # noqa: F401  (CPU import shims before vLLM)
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="data/models/tiny-gui")
-    ap.add_argument("--episodes", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--fault-episodes", type=int, default=3,
-                    help="held-out episodes for the planted-fault sensitivity (0: skip)")
-    ap.add_argument("--fault-at-token", type=int, default=3,
-                    help="output tokens before the planted fault acts (sequence values: ~10 = mid-value)")
-    ap.add_argument("--prefix-episodes", type=int, default=0,
-                    help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
-    args = ap.parse_args()
-    from statescope.engine.offline import OfflineEngine
+def check_model(model: str | Path, episodes: int = 10, fault_episodes: int = 3,
+                fault_at_token: int = 3, prefix_episodes: int = 0) -> dict:
+    """The whole check of a trained tiny model in vLLM: ``measure`` on ``episodes`` held-out
+    episodes, the planted-fault sensitivity (with and without MTP) on ``fault_episodes``, and the
+    perturbed-cached-state sensitivity on ``prefix_episodes`` (0 skips either)."""
     from statescope.engine.config import EngineConfig
+    from statescope.engine.offline import OfflineEngine
 
-    var = guilang_seq.read_variant(args.model)  # {} for the default language
-    at = args.fault_at_token
-    with OfflineEngine(EngineConfig(model=str(args.model))) as eng:
-        res = measure(args.model, args.episodes, engine=eng)
-        if args.fault_episodes:
+    var = guilang_seq.read_variant(model)  # {} for the default language
+    at = fault_at_token
+    with OfflineEngine(EngineConfig(model=str(model))) as eng:
+        res = measure(model, episodes, engine=eng)
+        if fault_episodes:
             res["fault_sensitivity"] = {
-                "at_output_token": at, "episodes": args.fault_episodes,
-                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, at_output_token=at,
+                "at_output_token": at, "episodes": fault_episodes,
+                "changed": fault_sensitivity(eng, episodes=fault_episodes, at_output_token=at,
                                              kinds=FAULT_KINDS, variant=var)}
-        if args.prefix_episodes:
-            res["prefix_cache_sensitivity"] = prefix_cache_sensitivity(eng, episodes=args.prefix_episodes,
+        if prefix_episodes:
+            res["prefix_cache_sensitivity"] = prefix_cache_sensitivity(eng, episodes=prefix_episodes,
                                                                        variant=var)
-    if args.fault_episodes:
+    if fault_episodes:
         # Under MTP the GDN kernel reads the recurrent state from one of num_spec+1 blocks chosen by
         # the accepted count, and the planted ssm faults write only the running block: they do not
         # land (nan_ssm changes nothing). Without MTP there is one block, so measure it there too.
-        no_mtp = EngineConfig(model=str(args.model), speculative_method=None, num_speculative_tokens=0)
+        no_mtp = EngineConfig(model=str(model), speculative_method=None, num_speculative_tokens=0)
         with OfflineEngine(no_mtp) as eng:
             res["fault_sensitivity_no_mtp"] = {
-                "at_output_token": at, "episodes": args.fault_episodes,
-                "changed": fault_sensitivity(eng, episodes=args.fault_episodes, at_output_token=at,
+                "at_output_token": at, "episodes": fault_episodes,
+                "changed": fault_sensitivity(eng, episodes=fault_episodes, at_output_token=at,
                                              kinds=FAULT_KINDS, variant=var)}
-    text = json.dumps(res, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-
-
-if __name__ == "__main__":
-    main()
+    return res

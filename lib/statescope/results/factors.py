@@ -14,13 +14,12 @@ of round 2, ``gpu_results.localization``, and ``statescope.diverge.hypotheses`` 
 """
 from __future__ import annotations
 
-import json
 import re
-import statistics
 from pathlib import Path
 
 from statescope.results import e2e as gr
 from statescope.errors import InputError
+from statescope.records import rows_by_request
 
 R3_DIR = gr.E2E_DIR.parent / "e2e_round3"
 _TYPED = re.compile(r'text="([^"]*)"')
@@ -33,8 +32,7 @@ def _by_arm(d: Path, label: str = "tiny-gui") -> dict[str, dict]:
     for m in gr.arms(d):
         if m.get("label") != label:
             continue
-        rows = {(r["episode"], r["step"]): r for r in recs
-                if r["build"] == m["arm"] and r["config_hash"] == m["key"]}
+        rows = rows_by_request(recs, m["arm"], m["key"])
         if not rows:
             raise InputError(f"{d}: arm {m['arm']} ({m['key']}) has no records in records_{label}.jsonl")
         out[m["arm"]] = rows
@@ -96,43 +94,3 @@ def factor_table(r3: Path = R3_DIR) -> list[dict]:
     return out
 
 
-def digest_bench(d: Path = R3_DIR) -> list[dict]:
-    """Per step: the torch gather path vs the one-launch Triton digest (host and device ms)."""
-    keep = ("layers", "requests", "layout", "bytes_per_step", "checksums_equal", "conv_row_checks_equal",
-            "stats_max_rel_diff", "torch_host_ms", "torch_device_ms", "triton_host_ms", "triton_device_ms",
-            "triton_GBps")
-    path = Path(d) / "bench_digest_gpu.jsonl"
-    if not path.is_file():
-        raise InputError(f"{path}: missing (written by benchmarks/bench_digest_gpu.py)")
-    return [{k: r[k] for k in keep} for r in gr._jsonl(path)]
-
-
-def triton_overheads(d: Path = R3_DIR) -> list[dict]:
-    """Round 2's large-model overhead measurement repeated with the Triton digest (same script)."""
-    return gr.overhead_table(d)
-
-
-def probe_table(d: Path = R3_DIR) -> list[dict]:
-    """Per hybrid and mode: throughput ratios to capture off, and the capture's host milliseconds per
-    engine step split into the step's own thread (hook sinks) and the flusher thread (``drain``)."""
-    path = Path(d) / "overhead_probe.json"
-    if not path.is_file():
-        raise InputError(f"{path}: missing (written by scripts/gpu_overhead_probe.py)")
-    probe = json.loads(path.read_text())
-    out = []
-    for size, res in probe.items():
-        if size == "env" or "summary" not in res:
-            continue
-        off = [r["seconds"] / r["tokens"] for r in res["rows"] if r["mode"] == "off"]
-        for mode, s in res["summary"].items():
-            names = s.get("by_name_ms_per_step") or {}
-            steps = [r["engine_steps"] for r in res["rows"] if r["mode"] == mode and r.get("engine_steps")]
-            out.append({"model": f"{size} ({res['params'] / 1e9:.1f} B)", "mode": mode,
-                        "ratio_median": s["ratio_median"], "paired_ratio_median": s["paired_ratio_median"],
-                        "step_ms_off": 1e3 * statistics.median(off) * res["rows"][0]["tokens"] / steps[0]
-                        if steps else None,
-                        "host_ms_in_step": sum(v for k, v in names.items() if k != "drain") if names else None,
-                        "host_ms_flusher": names.get("drain"),
-                        "sync_sites": len((res.get("sync") or {}).get("statescope_sync_sites") or {})
-                        if mode == "digest" else None})
-    return out

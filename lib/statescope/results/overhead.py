@@ -1,4 +1,6 @@
-"""Read the GPU capture-overhead probes of rounds 5 and 6 (``data/results/gpu/overhead_round{5,6}/``).
+"""What does capture cost on the GPU? The committed capture-overhead measurements, every round's.
+
+Rounds 5 and 6 (``data/results/gpu/overhead_round{5,6}/``):
 
 Each round folder holds one ``probe_7b_call<N>.json`` per device call of
 ``scripts/gpu_overhead_probe.py`` on the 6.7 B random hybrid with real vLLM 0.26.0 on the H200
@@ -15,6 +17,11 @@ whether the issue's goal (digest mode at most 3 % slower than capture off) is sh
 whole interval is at or above 0.97. ``pooled_check`` pools the paired rounds of several calls of
 the same code — a secondary reading, labelled as one (different engine starts add their spread).
 
+Earlier rounds' measurements, in their own file formats: ``digest_bench``, ``triton_overheads`` and
+``probe_table`` (round 3, ``e2e_round3/``: the one-launch Triton digest vs torch, and the probe's
+host milliseconds per step); ``deferred_rows_table`` (round 4, ``overhead_round4/``: rows made when
+the engine idles, eager vs CUDA-graph digest).
+
 What it deliberately does not do: re-run anything, or pool calls that ran different code.
 """
 from __future__ import annotations
@@ -23,9 +30,11 @@ import json
 import statistics
 from pathlib import Path
 
-from statescope.results import e2e as gr
 from statescope.errors import InputError
+from statescope.results import e2e as gr
+from statescope.results import files
 from statescope.verdict.stats import median_interval
+from statescope.results.factors import R3_DIR
 
 R5_DIR = gr.E2E_DIR.parent / "overhead_round5"
 R6_DIR = gr.E2E_DIR.parent / "overhead_round6"
@@ -144,3 +153,82 @@ def pooled_check(d: Path = R6_DIR, files: tuple[str, ...] = R6_SAME_CODE) -> lis
                     "interval": f"{round(lo, 3)}-{round(hi, 3)}", "ci_coverage": round(cov, 3),
                     "goal": _verdict(round(lo, 3), round(hi, 3))})
     return out
+
+
+def digest_bench(d: Path = R3_DIR) -> list[dict]:
+    """Per step: the torch gather path vs the one-launch Triton digest (host and device ms)."""
+    keep = ("layers", "requests", "layout", "bytes_per_step", "checksums_equal", "conv_row_checks_equal",
+            "stats_max_rel_diff", "torch_host_ms", "torch_device_ms", "triton_host_ms", "triton_device_ms",
+            "triton_GBps")
+    path = Path(d) / "bench_digest_gpu.jsonl"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by benchmarks/bench_digest_gpu.py)")
+    return [{k: r[k] for k in keep} for r in files.read_jsonl(path)]
+
+
+def triton_overheads(d: Path = R3_DIR) -> list[dict]:
+    """Round 2's large-model overhead measurement repeated with the Triton digest (same script)."""
+    return gr.overhead_table(d)
+
+
+def probe_table(d: Path = R3_DIR) -> list[dict]:
+    """Per hybrid and mode: throughput ratios to capture off, and the capture's host milliseconds per
+    engine step split into the step's own thread (hook sinks) and the flusher thread (``drain``)."""
+    path = Path(d) / "overhead_probe.json"
+    if not path.is_file():
+        raise InputError(f"{path}: missing (written by scripts/gpu_overhead_probe.py)")
+    probe = json.loads(path.read_text())
+    out = []
+    for size, res in probe.items():
+        if size == "env" or "summary" not in res:
+            continue
+        off = [r["seconds"] / r["tokens"] for r in res["rows"] if r["mode"] == "off"]
+        for mode, s in res["summary"].items():
+            names = s.get("by_name_ms_per_step") or {}
+            steps = [r["engine_steps"] for r in res["rows"] if r["mode"] == mode and r.get("engine_steps")]
+            out.append({"model": f"{size} ({res['params'] / 1e9:.1f} B)", "mode": mode,
+                        "ratio_median": s["ratio_median"], "paired_ratio_median": s["paired_ratio_median"],
+                        "step_ms_off": 1e3 * statistics.median(off) * res["rows"][0]["tokens"] / steps[0]
+                        if steps else None,
+                        "host_ms_in_step": sum(v for k, v in names.items() if k != "drain") if names else None,
+                        "host_ms_flusher": names.get("drain"),
+                        "sync_sites": len((res.get("sync") or {}).get("statescope_sync_sites") or {})
+                        if mode == "digest" else None})
+    return out
+
+
+R4_DIR = gr.E2E_DIR.parent / "overhead_round4"
+
+R4_PROBES = {"probe_1p3b.json": "1p3b", "probe_7b.json": "7b", "probe_7b_eager8.json": "7b"}
+
+
+def deferred_rows_table(d: Path = R4_DIR) -> list[dict]:
+    """One row per (probe file, mode): ratios to "off" (median of rounds, paired median), host ms
+    per step in the step (hooks) and in the flusher ("drain"), emission ms per step (made at
+    idle/close), and the graph-vs-eager digest agreement of that probe."""
+    import json
+
+    rows = []
+    for name, size in R4_PROBES.items():
+        path = Path(d) / name
+        if not path.is_file():
+            raise InputError(f"{path}: missing (scripts/gpu_overhead_probe.py writes it; see docs/gpu.md)")
+        res = json.loads(path.read_text())[size]
+        if "summary" not in res:
+            raise InputError(f"{path}: field '{size}.summary' missing (the probe failed: {str(res.get('error'))[:200]})")
+        agree = res.get("graph_vs_eager") or {}
+        for mode, s in res["summary"].items():
+            if mode == "off":
+                continue
+            by = s.get("by_name_ms_per_step", {})
+            rows.append({"file": name, "size": size, "mode": mode, "rounds": len(s["paired_ratios"]),
+                         "ratio_median": round(s["ratio_median"], 3),
+                         "paired_ratio_median": round(s["paired_ratio_median"], 3),
+                         "paired_min": min(s["paired_ratios"]), "paired_max": max(s["paired_ratios"]),
+                         "host_ms_in_step": round(sum(v for k, v in by.items() if k != "drain"), 3),
+                         "host_ms_flusher": round(by.get("drain", 0.0), 3),
+                         "emit_ms_per_step": round(s.get("emit_ms_per_step") or 0.0, 3),
+                         "digest_graph": ",".join(s.get("digest_graph") or []),
+                         "graph_vs_eager_identical": (f"{agree['identical']}/{agree['rows_compared']}"
+                                                      if "identical" in agree else None)})
+    return rows

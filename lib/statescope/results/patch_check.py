@@ -25,10 +25,9 @@ from pathlib import Path
 from statescope.results import e2e as gr
 from statescope.errors import InputError
 from statescope.results.factors import R3_DIR
+from statescope.records import rows_by_request
 
 R4_DIR = gr.E2E_DIR.parent / "e2e_round4"
-OVERHEAD_DIR = gr.E2E_DIR.parent / "overhead_round4"
-PROBES = {"probe_1p3b.json": "1p3b", "probe_7b.json": "7b", "probe_7b_eager8.json": "7b"}
 ARMS = {"unpatched": "tiny-gui", "accept_sync": "tiny-gui-accept-sync"}  # name -> records label
 
 
@@ -63,9 +62,8 @@ def patch_verdicts(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
 
 
 def _departed(recs: list[dict], ctl: dict) -> set:
-    return {(r["episode"], r["step"]) for r in recs
-            if (r["episode"], r["step"]) in ctl
-            and r["output_token_ids"] != ctl[(r["episode"], r["step"])]["output_token_ids"]}
+    return {k for k, r in rows_by_request(recs).items()
+            if k in ctl and r["output_token_ids"] != ctl[k]["output_token_ids"]}
 
 
 def patch_table(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
@@ -79,8 +77,7 @@ def patch_table(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
     for name, label in ARMS.items():
         meta, recs = _arm(d, label)
         for cm in cmetas:
-            ctl = {(r["episode"], r["step"]): r for r in crecs
-                   if r["build"] == cm["arm"] and r["config_hash"] == cm["key"]}
+            ctl = rows_by_request(crecs, cm["arm"], cm["key"])
             diff = _departed(recs, ctl)
             m = meta["metrics"]
             rows.append({"trigger": name, "control": cm["arm"], "requests": len(recs),
@@ -99,8 +96,7 @@ def patched_vs_unpatched(d: Path = R4_DIR, r3: Path = R3_DIR) -> dict:
 
     cmetas, crecs = _controls(r3)
     cm = next(m for m in cmetas if m["arm"] == "no_async")
-    ctl = {(r["episode"], r["step"]): r for r in crecs
-           if r["build"] == cm["arm"] and r["config_hash"] == cm["key"]}
+    ctl = rows_by_request(crecs, cm["arm"], cm["key"])
     counts = {}
     for name, label in ARMS.items():
         _, recs = _arm(d, label)
@@ -111,35 +107,4 @@ def patched_vs_unpatched(d: Path = R4_DIR, r3: Path = R3_DIR) -> dict:
             "patched_failed_episodes": k2, "patched_episodes": n2,
             "fisher_p_one_sided": fisher_exact_one_sided(k1, n1, k2, n2)}
 
-
-def overhead_table(d: Path = OVERHEAD_DIR) -> list[dict]:
-    """One row per (probe file, mode): ratios to "off" (median of rounds, paired median), host ms
-    per step in the step (hooks) and in the flusher ("drain"), emission ms per step (made at
-    idle/close), and the graph-vs-eager digest agreement of that probe."""
-    import json
-
-    rows = []
-    for name, size in PROBES.items():
-        path = Path(d) / name
-        if not path.is_file():
-            raise InputError(f"{path}: missing (scripts/gpu_overhead_probe.py writes it; see docs/gpu.md)")
-        res = json.loads(path.read_text())[size]
-        if "summary" not in res:
-            raise InputError(f"{path}: field '{size}.summary' missing (the probe failed: {str(res.get('error'))[:200]})")
-        agree = res.get("graph_vs_eager") or {}
-        for mode, s in res["summary"].items():
-            if mode == "off":
-                continue
-            by = s.get("by_name_ms_per_step", {})
-            rows.append({"file": name, "size": size, "mode": mode, "rounds": len(s["paired_ratios"]),
-                         "ratio_median": round(s["ratio_median"], 3),
-                         "paired_ratio_median": round(s["paired_ratio_median"], 3),
-                         "paired_min": min(s["paired_ratios"]), "paired_max": max(s["paired_ratios"]),
-                         "host_ms_in_step": round(sum(v for k, v in by.items() if k != "drain"), 3),
-                         "host_ms_flusher": round(by.get("drain", 0.0), 3),
-                         "emit_ms_per_step": round(s.get("emit_ms_per_step") or 0.0, 3),
-                         "digest_graph": ",".join(s.get("digest_graph") or []),
-                         "graph_vs_eager_identical": (f"{agree['identical']}/{agree['rows_compared']}"
-                                                      if "identical" in agree else None)})
-    return rows
 

@@ -4,7 +4,8 @@ What it does: `save_png(fig, path)` writes a PNG through plotly + kaleido, point
 Debian's `chromium` (kaleido needs a Chrome; nothing is downloaded at run time). When kaleido or a
 Chrome is missing, or the export exceeds its timeout, it returns None and records why in
 `last_export_error`, so a report can say "figure not exported: <why>" instead of crashing.
-`save_pngs(figs, paths)` exports many figures through one browser start (a start costs seconds).
+`save_pngs(figs, paths)` exports many figures through one browser start (a start costs seconds);
+`export_png(fig, path)` says in a sentence where the PNG went, or why it did not.
 
 What it deliberately does not do: install a browser, or render HTML (see statescope.share.render).
 """
@@ -16,6 +17,9 @@ import shutil
 import threading
 from pathlib import Path
 from typing import Any, Callable
+from pathlib import Path
+from typing import Any
+from statescope.errors import InputError
 
 CHROME_CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 last_export_error: str | None = None
@@ -130,3 +134,11 @@ def save_pngs(figs: list[Any], paths: list[str | Path], *, timeout_s: float = 12
         return list(paths), None
     done = [save_png(f, p, timeout_s=min(60.0, timeout_s), scale=scale) for f, p in zip(figs, paths)]
     return done, last_export_error
+
+
+def export_png(fig: Any, path: str | Path) -> str:
+    """Write ``fig`` as a PNG via ``figures.save_png``; a sentence saying where, or why not."""
+    out = save_png(fig, path)
+    if out is None:
+        return f"PNG not exported ({path}): {last_export_error}"
+    return f"PNG written: {out}"

@@ -33,6 +33,7 @@ from statescope.records import ResultsStore, config_hash, load_records
 from statescope.verdict.detect import classify_output, compare_to_control
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
 from statescope.workload.trace import TraceStep, build_messages, episodes_of
+from statescope.records import rows_by_request
 
 UNITS = ("request", "episode", "engine_lifetime")
 
@@ -70,7 +71,6 @@ class ArmRun:
     lifetimes: dict[str, int] = field(default_factory=dict)
 
 
-
 def trace_next_step(trace: list[TraceStep], padder=None):
     """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
     with a ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
@@ -89,7 +89,6 @@ def trace_next_step(trace: list[TraceStep], padder=None):
     return next_step
 
 
-
 def _padder_for(trace: list[TraceStep], engine):
     if not any(s.geometry for s in trace):
         return None
@@ -100,7 +99,6 @@ def _padder_for(trace: list[TraceStep], engine):
     if resolved.get("mamba_cache_mode") != "align":
         unit = resolved.get("block_size")  # no align unit: place ends on attention blocks
     return GeometryPadder(engine.config.model, int(unit))
-
 
 
 def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
@@ -131,7 +129,6 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
     raise InputError(f"reproduce runner={runner!r}: expected 'offline', 'server' or an http(s) URL")
 
 
-
 def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: str = "offline",
             concurrency: int = 32, episodes_per_lifetime: int | None = None,
             all_at_once: bool = False) -> ArmRun:
@@ -157,11 +154,10 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     return ArmRun(arm, rows, metrics, resolved, lifetimes)
 
 
-
 def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
                action_validator=None) -> list[dict]:
     """Per-request labels: degenerate reasons, flip kind against the control, failed or not."""
-    ctl = {(r["episode"], int(r["step"])): r for r in (control.rows if control else [])}
+    ctl = rows_by_request(control.rows if control else [])
     out, diverged = [], set()
     for r in sorted(run.rows, key=lambda r: (r["episode"], int(r["step"]))):
         deg = classify_output(r["text"], list(r["output_token_ids"]), r["finish_reason"],
@@ -182,7 +178,6 @@ def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
     return out
 
 
-
 def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
     """Unit of independence -> failed?, in first-seen order (a unit fails if any request did)."""
     if unit not in UNITS:
@@ -195,7 +190,6 @@ def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
     return units
 
 
-
 def summarize_arm(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
     units = failed_units(labels, unit)
     m = run.metrics
@@ -206,7 +200,6 @@ def summarize_arm(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
                       spec_accepted_tokens=m.get("spec_accepted_tokens", 0),
                       resolved=run.resolved, expect_prefix_cache=run.arm.expect_prefix_cache,
                       expect_spec=run.arm.expect_spec, n_requests=len(labels))
-
 
 
 def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
@@ -257,7 +250,6 @@ class ReproduceResult:
         return banner + self.verdict._repr_html_() + note
 
 
-
 def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
               run_id: str, runner: str = "offline", unit: str = "episode",
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
@@ -292,7 +284,6 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     return ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir)
 
 
-
 def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
     """The reported trigger (prefix caching + align + MTP(2), async as the platform resolves it)
     and one named control."""
@@ -308,7 +299,6 @@ def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
         raise InputError(f"control={control!r}: expected one of {sorted(controls)}")
     return (Arm("trigger", trigger, expect_prefix_cache=True, expect_spec=True),
             Arm(control, controls[control]))
-
 
 
 def reproduce_with_capture(trigger: Any, control: Any, trace: Sequence[Any], *, store_root: Any,

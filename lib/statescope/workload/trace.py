@@ -62,10 +62,8 @@ class TraceStep:
         return sum(1 for p in self.user if p.get("type") == "image_url")
 
 
-
 def _fail(path: Path | str, lineno: int, what: str) -> None:
     raise InputError(f"{path}:{lineno}: {what}")
-
 
 
 def _check_parts(path, lineno, parts: Any) -> None:
@@ -82,7 +80,6 @@ def _check_parts(path, lineno, parts: Any) -> None:
             continue
         _fail(path, lineno, f"field 'user[{i}]': expected {{'type': 'text', 'text': str}} or "
                             "{'type': 'image_url', 'image_url': {'url': 'data:image/...'}}")
-
 
 
 def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> TraceStep:
@@ -113,7 +110,6 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
                      obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in known})
 
 
-
 def read_trace(path: str | Path) -> list[TraceStep]:
     """Read and validate a whole trace (steps of each episode must be 0..n-1, in order)."""
     path = Path(path)
@@ -141,7 +137,6 @@ def read_trace(path: str | Path) -> list[TraceStep]:
     return steps
 
 
-
 def write_trace(steps: Iterable[TraceStep], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,13 +148,11 @@ def write_trace(steps: Iterable[TraceStep], path: str | Path) -> Path:
     return path
 
 
-
 def episodes_of(steps: list[TraceStep]) -> dict[str, list[TraceStep]]:
     out: dict[str, list[TraceStep]] = {}
     for s in steps:
         out.setdefault(s.episode, []).append(s)
     return out
-
 
 
 def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]) -> list[dict]:
@@ -173,7 +166,6 @@ def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]
                  {"role": "assistant", "content": answers[k]}]
     msgs.append({"role": "user", "content": episode_steps[step].user})
     return msgs
-
 
 
 def prompt_sha(token_ids: Sequence[int]) -> str:
