@@ -30,7 +30,7 @@ def _run(engine_pool, config):
 def test_configuration_runs_and_engages(engine_pool, config, name):
     engine, rows, resolved, delta = _run(engine_pool, config)
     assert len(rows) == 9 and all(r["output_token_ids"] for r in rows)
-    assert resolved["device"] == "cpu" and resolved["model_runner"] == "CPUModelRunner"
+    assert resolved["device"] == "cpu" and resolved["model_runner"].endswith(".CPUModelRunner") and resolved["runner_version"] == "V1"
     assert resolved["enable_prefix_caching"] is config.enable_prefix_caching
     assert resolved["num_speculative_tokens"] == config.num_speculative_tokens
     # The CPU platform forces async scheduling off; the resolved config must say so, loudly.

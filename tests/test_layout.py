@@ -117,3 +117,65 @@ def test_command_line_code_lives_in_cli():
         if re.search(r"^\s*import argparse|^\s*from argparse", path.read_text(), re.M):
             offenders.append(rel)
     assert not offenders, f"argparse outside statescope.cli: {offenders}"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):  # guarded definitions
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+                elif isinstance(sub, ast.Assign):
+                    names |= {n.id for t in sub.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def _module_file(dotted: str) -> Path | None:
+    p = PKG.parent.joinpath(*dotted.split("."))
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+def test_every_statescope_import_names_something_that_exists():
+    """Lazy imports inside functions are not run by importing the module: check them as text."""
+    repo = PKG.parents[1]
+    files = [p for d in ("lib", "tests", "scripts", "benchmarks", "notebooks")
+             for p in (repo / d).rglob("*.py") if "__pycache__" not in p.parts]
+    faces: dict[str, set[str]] = {}
+    for init in PKG.glob("*/__init__.py"):
+        m = re.search(r"public_face\(__name__, \{(.*?)\}\)", init.read_text(), re.S)
+        if m:
+            faces[f"statescope.{init.parent.name}"] = set(re.findall(r'"(\w+)":', m.group(1)))
+    broken = []
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith("statescope")):
+                continue
+            target = _module_file(node.module)
+            where = f"{path.relative_to(repo)}:{node.lineno}"
+            if target is None:
+                broken.append(f"{where}: no module {node.module}")
+                continue
+            have = _top_level_names(target) | faces.get(node.module, set())
+            for a in node.names:
+                sub = _module_file(f"{node.module}.{a.name}")
+                if a.name not in have and sub is None and a.name != "*":
+                    broken.append(f"{where}: {node.module} has no {a.name}")
+    assert not broken, "imports of names that do not exist:\n" + "\n".join(broken)

@@ -86,7 +86,7 @@ def test_resolved_configs_of_both_runners_match(server_runner, offline_runner):
     same = ["vllm_version", "device", "model", "architecture", "dtype", "enable_prefix_caching",
             "mamba_cache_mode", "mamba_block_size", "block_size", "mamba_ssm_cache_dtype",
             "speculative_method", "draft_architecture", "num_speculative_tokens", "async_scheduling",
-            "enable_chunked_prefill", "max_num_seqs", "enforce_eager", "model_runner"]
+            "enable_chunked_prefill", "max_num_seqs", "enforce_eager", "model_runner", "runner_version"]
     assert {k: s[k] for k in same} == {k: o[k] for k in same}
     assert set(o) <= set(s)
 

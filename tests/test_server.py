@@ -203,7 +203,7 @@ def test_resolved_reads_what_the_server_runs(server_pool):
     r = server_pool.get().resolved()
     assert r["vllm_version"].startswith("0.28.") and r["device"] == "cpu"
     assert r["architecture"] == "Qwen3_5ForCausalLM" and r["draft_architecture"] == "Qwen3_5MTP"
-    assert r["model_runner"] == "CPUModelRunner"
+    assert r["model_runner"].endswith(".CPUModelRunner") and r["runner_version"] == "V1"
     assert r["enable_prefix_caching"] is True and r["mamba_cache_mode"] == "align"
     assert r["speculative_method"] == "mtp" and r["num_speculative_tokens"] == 2
     assert r["enforce_eager"] is True and r["dtype"] == "bfloat16"

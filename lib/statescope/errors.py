@@ -19,6 +19,11 @@ class EnvironmentBroken(StatescopeError):
     """The environment or the engine is broken, so no verdict about the bug can be given."""
 
 
+class EngineStartError(EnvironmentBroken):
+    """vLLM raised while starting an engine or server; the message carries vLLM's first error,
+    verbatim, and the engine arguments that were asked for."""
+
+
 class CorruptionDetected(StatescopeError):
     """A bug was detected: the trigger arm produced corrupted state or output."""
 

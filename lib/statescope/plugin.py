@@ -4,7 +4,8 @@ vLLM calls ``register()`` once in every process it starts (front end, engine cor
 the worker is built. It applies the CPU import shims and, on a CPU build, installs statescope's CPU
 implementations of the fused align-mode copy kernels (``statescope.patches.cpu_kernels``). A planted test
 fault (``STATESCOPE_FAULT``, ``statescope.patches.faults``) and capture (``STATESCOPE_CAPTURE``) are
-installed here too when their variables are set.
+installed here too when their variables are set, and a device profile's in-process patches
+(``STATESCOPE_PROFILE``, set by statescope for the servers it starts: ``statescope.patches.device_profiles``).
 
 Deliberately a no-op beyond that: with no statescope settings in the environment it changes nothing
 vLLM computes on a GPU build.
@@ -19,6 +20,10 @@ def register() -> None:
     from statescope.patches import shims
 
     shims.apply()
+    if os.environ.get("STATESCOPE_PROFILE"):  # a statescope-started server: the profile's patches
+        from statescope.patches.device_profiles import apply_in_process, choose_profile
+
+        apply_in_process(choose_profile())
     from statescope.capture.recorder import install_from_env
 
     install_from_env()  # no-op unless STATESCOPE_CAPTURE names a spec; raises on unsupported vLLM

@@ -25,6 +25,7 @@ from statescope.errors import InputError
 KEY_FIELDS = ("run_id", "build", "config_hash", "episode", "step")
 STATUSES = ("running", "completed", "failed", "interrupted")
 RECORDS_FILE, MANIFEST_FILE = "records.jsonl", "manifest.json"
+LIFETIMES_FILE = "lifetimes.jsonl"  # one line per engine lifetime of an arm (its counters)
 
 
 def _now() -> str:
@@ -56,7 +57,7 @@ def _key(rec: dict) -> tuple:
     return tuple(rec[k] for k in KEY_FIELDS)
 
 
-def _scan(path: Path) -> tuple[list[dict], int]:
+def _scan(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
     """Parse a records file; returns (records, byte offset where a torn last line starts or size)."""
     data = path.read_bytes() if path.exists() else b""
     records, offset = [], 0
@@ -72,7 +73,7 @@ def _scan(path: Path) -> tuple[list[dict], int]:
             rec = json.loads(raw)
             if not isinstance(rec, dict):
                 raise ValueError("not a JSON object")
-            missing = [k for k in KEY_FIELDS if k not in rec]
+            missing = [k for k in keys if k not in rec]
             if missing:
                 raise ValueError(f"missing key field(s) {missing}")
         except ValueError as exc:
@@ -81,7 +82,7 @@ def _scan(path: Path) -> tuple[list[dict], int]:
                               f"{exc}", RuntimeWarning, stacklevel=3)
                 return records, start
             raise InputError(f"{path}:{lineno}: expected one JSON object per line with keys "
-                             f"{list(KEY_FIELDS)}, got an unreadable line ({exc})") from None
+                             f"{list(keys)}, got an unreadable line ({exc})") from None
         records.append(rec)
     return records, len(data)
 
@@ -201,6 +202,20 @@ class ResultsStore:
         self._keys.add(key)
         return key
 
+    def append_lifetime(self, entry: dict) -> None:
+        """Append one engine lifetime of an arm (``build``, ``config_hash``, its counters, the
+        requests it served) to ``lifetimes.jsonl``, flushed and fsync'd: the guards of a resumed
+        or re-run store add up every lifetime, not only the last engine's."""
+        for k in ("build", "config_hash"):
+            if not isinstance(entry.get(k), str):
+                raise InputError(f"ResultsStore.append_lifetime: field {k!r} must be a string")
+        line = json.dumps({"run_id": self.run_id, "recorded": _now(), **entry},
+                          default=_json_default, ensure_ascii=False)
+        with open(self.run_dir / LIFETIMES_FILE, "ab") as fh:
+            fh.write(line.encode("utf-8") + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -223,6 +238,18 @@ def load_records(run_dir: Path | str) -> pd.DataFrame:
         raise InputError(f"{path}: records file not found; expected a run directory written by ResultsStore")
     records, _ = _scan(path)
     return pd.DataFrame(records, columns=None if records else list(KEY_FIELDS))
+
+
+def load_lifetimes(run_dir: Path | str, build: str | None = None,
+                   config_hash: str | None = None) -> list[dict]:
+    """The engine lifetimes recorded in a run (of one arm when ``build``/``config_hash`` given);
+    a torn last line is skipped, a corrupt line elsewhere is an ``InputError``."""
+    path = Path(run_dir) / LIFETIMES_FILE
+    if not path.exists():
+        return []
+    rows, _ = _scan(path, ("build", "config_hash"))
+    return [r for r in rows if (build is None or r.get("build") == build)
+            and (config_hash is None or r.get("config_hash") == config_hash)]
 
 
 def load_manifest(run_dir: Path | str) -> dict:

@@ -3,7 +3,8 @@
 What it does: ``resolve_from_llm`` reports prefix caching, Mamba cache mode and block size, the
 attention block size, speculative method and token count, async scheduling as *resolved* (with a
 loud ``warnings`` entry when it differs from what was asked — the CPU platform turns it off
-silently), chunked prefill, the model runner class, platform and versions. ``metrics_from_llm``
+silently), chunked prefill, the model runner class and whether it is Model Runner V1 or V2 (read from the
+engine, never from ``VLLM_USE_V2_MODEL_RUNNER``), platform and versions. ``metrics_from_llm``
 reduces ``LLM.get_metrics()`` to the counters the verdicts' engagement guards need.
 
 What it deliberately does not do: judge anything. Users have run two "A/B" arms that were the same
@@ -26,11 +27,21 @@ METRIC_NAMES = {
 
 
 def _runner_class(llm: Any) -> str | None:
+    """``module.Class`` of the worker's model runner (V1 and V2 runners share a class name)."""
     try:
-        names = llm.collective_rpc(lambda self: type(self.model_runner).__name__)
+        names = llm.collective_rpc(
+            lambda self: f"{type(self.model_runner).__module__}.{type(self.model_runner).__name__}")
         return names[0] if names else None
     except Exception:  # multiprocess engines may refuse callables; the class is then unknown
         return None
+
+
+def runner_version(runner_class: str | None) -> str | None:
+    """"V2" for Model Runner V2 (``vllm.v1.worker.gpu.*``), "V1" for the others (the GPU and CPU
+    ``*ModelRunner`` of ``vllm.v1.worker``), None when the class is unknown."""
+    if not runner_class:
+        return None
+    return "V2" if ".v1.worker.gpu." in runner_class else "V1"
 
 
 def resolve_vllm_config(vc: Any, requested: Any = None) -> dict:
@@ -84,6 +95,7 @@ def resolve_vllm_config(vc: Any, requested: Any = None) -> dict:
 def resolve_from_llm(llm: Any, requested: Any = None) -> dict:
     out = resolve_vllm_config(llm.llm_engine.vllm_config, requested)
     out["model_runner"] = _runner_class(llm)
+    out["runner_version"] = runner_version(out["model_runner"])
     return out
 
 

@@ -54,6 +54,10 @@ def cmd_workbook(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default=None,
+                   help="device profile for every engine this command starts: cpu | cuda | "
+                        "cuda-triton | auto (default: $STATESCOPE_PROFILE, else auto-detected; "
+                        "statescope.patches.device_profiles)")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("doctor", help="versions, model and a short start of the trigger config")
     d.add_argument("--model", default=None, help="model directory or name under data/models")
@@ -76,12 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     wl.set_defaults(func=cmd_workload)
     r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
     r.add_argument("--preset", default="smoke")
+    r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
+                                                  "(episode ids prefixed s<seed>-)")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
     r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed")
     r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
     r.add_argument("--control", default="no_prefix_cache",
                    help="no_prefix_cache | no_mtp | no_async | reference")
     r.add_argument("--model", help="model directory or name under data/models")
+    r.add_argument("--control-run", metavar="RUN_DIR", default=None,
+                   help="re-use the --control arm already run into RUN_DIR (same trace: refused "
+                        "otherwise) instead of running it again")
     r.add_argument("--trigger-set", action="append", metavar="FIELD=VALUE",
                    help="override an EngineConfig field of the trigger arm (repeatable)")
     r.add_argument("--control-set", action="append", metavar="FIELD=VALUE")
@@ -128,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM logs to stdout by default; stdout is for reports (and --json must stay parseable).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     args = build_parser().parse_args(argv)
+    if args.profile:  # one profile for every engine the command starts (in this process or not)
+        os.environ["STATESCOPE_PROFILE"] = args.profile
+        os.environ["STATESCOPE_PROFILE_CHOSEN_BY"] = "--profile"
     try:
         return args.func(args)
     except InputError as exc:

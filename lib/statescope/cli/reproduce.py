@@ -40,15 +40,23 @@ def cmd_workload(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import time
 
-    from statescope.engine.offline import model_path
+    from statescope.engine.config import model_path
     from statescope.patches.faults import FaultSpec
     from statescope.verdict.reproduce import reproduce, standard_arms
     from statescope.workload.episodes import preset_trace
     from statescope.workload.trace import read_trace
 
-    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset,
-                                                                   geometry=args.geometry)
+    from statescope.verdict.reproduce import load_arm_run
+    from statescope.workload.episodes import parse_seeds, seeds_trace
+
+    if args.trace:
+        trace = read_trace(args.trace)
+    elif args.seeds:
+        trace = seeds_trace(args.preset, parse_seeds(args.seeds), geometry=args.geometry)
+    else:
+        trace = preset_trace(args.preset, geometry=args.geometry)
     trigger, control = standard_arms(args.control)
+    control_run = load_arm_run(args.control_run, control.name) if args.control_run else None
     common = {"model": str(model_path(args.model))} if args.model else {}
     trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
     control.config = control.config.replace(**common, **_config_overrides(args.control_set, "--control-set"))
@@ -60,7 +68,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     result = reproduce(trigger, control, trace, store_root=args.runs,
                        run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
                        runner=args.runner, unit=args.unit, concurrency=args.concurrency,
-                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
+                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha,
+                       control_run=control_run)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:

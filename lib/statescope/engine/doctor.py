@@ -15,7 +15,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 
-from statescope.errors import StatescopeError
+from statescope.errors import EngineStartError, StatescopeError
 from statescope.tables import KeyValueTable
 
 
@@ -64,6 +64,7 @@ def run_doctor(model: str | None = None, *, start_engine: bool = True) -> Doctor
     from statescope.engine.offline import OfflineEngine, import_vllm
     from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.modeldir import check_model_dir
+    from statescope.patches.device_profiles import choose_profile
 
     report = DoctorReport()
     add = report.checks.append
@@ -72,11 +73,21 @@ def run_doctor(model: str | None = None, *, start_engine: bool = True) -> Doctor
         import torch
 
         add(DoctorCheck("torch", True, f"{torch.__version__} (cuda available: {torch.cuda.is_available()})"))
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            add(DoctorCheck("gpu", True, f"{p.name}, {p.total_memory // 2**30} GiB, "
+                                         f"{torch.cuda.device_count()} device(s), CUDA {torch.version.cuda}"))
         vllm = import_vllm()
-        add(DoctorCheck("vllm", True, f"{vllm.__version__}"))
+        add(DoctorCheck("vllm", True, f"{vllm.__version__} ({getattr(vllm, '__file__', '?')})"))
     except (ImportError, StatescopeError) as exc:
         add(DoctorCheck("vllm", False, str(exc)))
         return report
+    try:
+        profile = choose_profile()
+    except StatescopeError as exc:
+        add(DoctorCheck("device profile", False, str(exc)))
+        return report
+    add(DoctorCheck("device profile", True, profile.describe()))
     config = EngineConfig() if model is None else EngineConfig(model=str(model_path(model)))
     try:
         text = check_model_dir(config.model)
@@ -89,11 +100,13 @@ def run_doctor(model: str | None = None, *, start_engine: bool = True) -> Doctor
         return report
     try:
         report.resolved, report.metrics, report.startup_s = _engine_probe(config)
-    except Exception as exc:  # the doctor's job is to turn any engine failure into one line
-        add(DoctorCheck("engine", False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+    except Exception as exc:  # the doctor's job is to say what broke: vLLM's own error, verbatim
+        add(DoctorCheck("engine", False, str(exc) if isinstance(exc, EngineStartError)
+                        else f"{type(exc).__name__}: {exc}"))
         return report
     r, m = report.resolved, report.metrics
-    add(DoctorCheck("engine", True, f"started in {report.startup_s:.1f} s ({r.get('model_runner')})"))
+    add(DoctorCheck("engine", True, f"started in {report.startup_s:.1f} s "
+                                    f"(runner {r.get('model_runner')}, {r.get('runner_version') or '?'})"))
     add(DoctorCheck("prefix caching + align", r["enable_prefix_caching"] and r["mamba_cache_mode"] == "align",
               f"enable_prefix_caching={r['enable_prefix_caching']} "
               f"mamba_cache_mode={r['mamba_cache_mode']} mamba_block_size={r['mamba_block_size']}"))

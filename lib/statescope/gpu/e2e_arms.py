@@ -57,17 +57,10 @@ def e2e_arms(model: str, *, gpu: bool = True, eager: bool = False, max_num_seqs:
 
 def e2e_trace(seeds: range | list[int] = range(6), preset: str = "long",
               max_episodes: int | None = None) -> list:
-    """The ``preset`` GUI-agent trace for each seed (first ``max_episodes`` episodes of each),
-    episode ids prefixed by the seed."""
-    from statescope.workload.episodes import preset_trace
+    """The ``preset`` GUI-agent trace for each seed (``statescope.workload.episodes.seeds_trace``)."""
+    from statescope.workload.episodes import seeds_trace
 
-    steps = []
-    for seed in seeds:
-        trace = preset_trace(preset, seed=seed)
-        keep = list(dict.fromkeys(s.episode for s in trace))[:max_episodes]
-        steps += [dataclasses.replace(s, episode=f"s{seed}-{s.episode}") for s in trace
-                  if s.episode in keep]
-    return steps
+    return seeds_trace(preset, seeds, max_episodes=max_episodes)
 
 
 def run_one_arm(arm: Any, trace: list, store_root: str, run_id: str, *,
@@ -113,7 +106,7 @@ def _arm_run(meta: dict, records: list[dict]) -> Any:
               expect_spec=meta["expect_spec"])
     rows = [r for r in records if r["build"] == meta["arm"] and r["config_hash"] == meta["key"]]
     return ArmRun(arm, rows, engagement_metrics(meta["metrics"], rows), meta["resolved"],
-                  meta["lifetimes"])
+                  meta["lifetimes"], run_dir=meta.get("source"))
 
 
 def engagement_metrics(metrics: dict, rows: list[dict]) -> dict:
@@ -138,7 +131,7 @@ def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode
                  alpha: float = 0.01, label: str = "") -> list[dict]:
     """Trigger vs each control present: one row per pair with outcome, counts, p and guards."""
     from statescope.workload import guilang
-    from statescope.verdict.reproduce import label_rows, summarize_arm
+    from statescope.verdict.reproduce import check_comparable, label_rows, summarize_arm
     from statescope.verdict.stats import decide
 
     by_name = {m["arm"]: m for m in metas}
@@ -152,6 +145,7 @@ def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode
             out.append({"model": label, "control": control, "outcome": "not run"})
             continue
         ctl = _arm_run(by_name[control], records)
+        check_comparable(trg, ctl)  # refuses arms that share no request (other seeds)
         # As reproduce() does: grade action syntax only when the control speaks the language.
         valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
         check = guilang.is_valid_action if valid and sum(valid) / len(valid) >= 0.9 else None

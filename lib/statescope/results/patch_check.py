@@ -53,17 +53,21 @@ def patch_verdicts(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
     from statescope.gpu.e2e_arms import verdict_rows
 
     cmetas, crecs = _controls(r3)
+    cmetas = [dict(m, source=str(r3)) for m in cmetas]
     out = []
     for name, label in ARMS.items():
         meta, recs = _arm(d, label)
-        for row in verdict_rows([meta] + cmetas, recs + crecs, label=label):
+        for row in verdict_rows([dict(meta, source=str(d))] + cmetas, recs + crecs, label=label):
             out.append(dict(row, trigger_build=name, patches=meta.get("patches", [])))
     return out
 
 
-def _departed(recs: list[dict], ctl: dict) -> set:
-    return {k for k, r in rows_by_request(recs).items()
-            if k in ctl and r["output_token_ids"] != ctl[k]["output_token_ids"]}
+def _departed(recs: list[dict], ctl: dict, where: str = "the trigger", ctl_where: str = "the control") -> set:
+    mine = rows_by_request(recs)
+    if mine and ctl and not set(mine) & set(ctl):
+        raise InputError(f"cannot compare {where} with {ctl_where}: they share no request "
+                         f"(e.g. {sorted(mine)[0]} vs {sorted(ctl)[0]}): different seeds or episodes")
+    return {k for k, r in mine.items() if k in ctl and r["output_token_ids"] != ctl[k]["output_token_ids"]}
 
 
 def patch_table(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
@@ -78,7 +82,7 @@ def patch_table(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
         meta, recs = _arm(d, label)
         for cm in cmetas:
             ctl = rows_by_request(crecs, cm["arm"], cm["key"])
-            diff = _departed(recs, ctl)
+            diff = _departed(recs, ctl, f"{label} ({d})", f"{cm['arm']} ({r3})")
             m = meta["metrics"]
             rows.append({"trigger": name, "control": cm["arm"], "requests": len(recs),
                          "differ": len(diff), "episodes_differ": len({e for e, _ in diff}),
@@ -101,7 +105,8 @@ def patched_vs_unpatched(d: Path = R4_DIR, r3: Path = R3_DIR) -> dict:
     for name, label in ARMS.items():
         _, recs = _arm(d, label)
         episodes = {r["episode"] for r in recs}
-        counts[name] = (len({e for e, _ in _departed(recs, ctl)}), len(episodes))
+        counts[name] = (len({e for e, _ in _departed(recs, ctl, f"{label} ({d})", f"no_async ({r3})")}),
+                        len(episodes))
     (k1, n1), (k2, n2) = counts["unpatched"], counts["accept_sync"]
     return {"unpatched_failed_episodes": k1, "unpatched_episodes": n1,
             "patched_failed_episodes": k2, "patched_episodes": n2,

@@ -20,6 +20,7 @@ the verdict's explanation, so such a run can never pass for a real one.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,7 +33,7 @@ from statescope.patches.faults import FaultSpec
 from statescope.records import ResultsStore, config_hash, load_records
 from statescope.verdict.detect import classify_output, compare_to_control
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
-from statescope.workload.trace import TraceStep, build_messages, episodes_of
+from statescope.workload.trace import TraceStep, build_messages, episodes_of, trace_sha
 from statescope.records import rows_by_request
 
 UNITS = ("request", "episode", "engine_lifetime")
@@ -69,6 +70,24 @@ class ArmRun:
     metrics: dict
     resolved: dict
     lifetimes: dict[str, int] = field(default_factory=dict)
+    trace_sha: str | None = None  # the trace it answered (statescope.workload.trace.trace_sha)
+    run_dir: Path | None = None
+
+
+def check_comparable(trigger: ArmRun, control: ArmRun) -> None:
+    """Refuse (``InputError``, one line naming both runs) to compare arms that answered different
+    traces or share no request: a verdict over them would compare unlike with unlike."""
+    def name(run: ArmRun) -> str:
+        return f"{run.arm.name} ({run.run_dir or 'this run'})"
+
+    if trigger.trace_sha and control.trace_sha and trigger.trace_sha != control.trace_sha:
+        raise InputError(f"cannot compare {name(trigger)} with {name(control)}: they answered "
+                         f"different traces (trace sha {trigger.trace_sha} vs {control.trace_sha})")
+    t_keys, c_keys = set(rows_by_request(trigger.rows)), set(rows_by_request(control.rows))
+    if t_keys and c_keys and not t_keys & c_keys:
+        raise InputError(f"cannot compare {name(trigger)} with {name(control)}: they share no "
+                         f"request (e.g. {sorted(t_keys)[0]} vs {sorted(c_keys)[0]}): different "
+                         "seeds or episodes")
 
 
 def trace_next_step(trace: list[TraceStep], padder=None):
@@ -138,20 +157,67 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     lifetimes = {ep: i // chunk for i, ep in enumerate(episodes)}
     max_tokens = max(s.max_tokens for s in trace)
     engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
+    served: list[dict] = []
+    prior = sum(1 for k in store.completed_keys() if k[1] == arm.name and k[2] == arm.key())
+    metrics: dict = {}
+    resolved: dict = {}
+    started = time.time()
     try:
         padder = _padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
-            run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder), store,
-                      build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
-                      all_at_once=all_at_once)
+            served += run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder),
+                                store, build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
+                                all_at_once=all_at_once)
         metrics, resolved = engine.metrics(), engine.resolved()
     finally:
+        # this engine's counters and the requests it served, kept beside the records: a resumed
+        # or re-run store sums every lifetime (an engine that died records none: per-request
+        # sources then speak for its requests)
+        store.append_lifetime({"build": arm.name, "config_hash": arm.key(), "metrics": metrics,
+                               "resolved": resolved, "trace_sha": trace_sha(trace),
+                               "served": [[r["episode"], r["step"]] for r in served],
+                               "stored_before": prior,  # > 0: this lifetime resumed a run
+                               "seconds": round(time.time() - started, 3)})
         engine.close()
     df = load_records(store.run_dir)
     rows = [r for r in df.to_dict("records") if r["build"] == arm.name and r["config_hash"] == arm.key()]
-    return ArmRun(arm, rows, metrics, resolved, lifetimes)
+    metrics = arm_metrics(store.run_dir, arm, rows)
+    return ArmRun(arm, rows, metrics, resolved, lifetimes, trace_sha(trace), store.run_dir)
+
+
+def load_arm_run(run_dir: str | Path, arm_name: str) -> ArmRun:
+    """An arm already run into a results store (``reproduce --control-run RUN_DIR``): its records,
+    the counters of every engine lifetime, its resolved configuration and the trace it answered."""
+    from statescope.records import load_lifetimes
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "records.jsonl").is_file():
+        raise InputError(f"--control-run {run_dir}: expected a reproduce run directory holding "
+                         "records.jsonl")
+    rows = [r for r in load_records(run_dir).to_dict("records") if r["build"] == arm_name]
+    keys = sorted({r["config_hash"] for r in rows})
+    if len(keys) != 1:
+        raise InputError(f"--control-run {run_dir}: expected the records of one {arm_name!r} arm, "
+                         f"found {len(keys)} configurations {keys}")
+    lives = load_lifetimes(run_dir, arm_name, keys[0])
+    arm = Arm(arm_name, EngineConfig())
+    shas = {life.get("trace_sha") for life in lives if life.get("trace_sha")}
+    resolved = next((life["resolved"] for life in reversed(lives) if life.get("resolved")), {})
+    from statescope.verdict.engagement import engagement_metrics, lifetime_metrics
+
+    return ArmRun(arm, rows, engagement_metrics(lifetime_metrics(lives), rows), resolved, {},
+                  shas.pop() if len(shas) == 1 else None, run_dir)
+
+
+def arm_metrics(run_dir: Path, arm: Arm, rows: list[dict]) -> dict:
+    """The arm's counters summed over every engine lifetime of the run, with the guard pairs from
+    the best source (``statescope.verdict.engagement``)."""
+    from statescope.records import load_lifetimes
+    from statescope.verdict.engagement import engagement_metrics, lifetime_metrics
+
+    return engagement_metrics(lifetime_metrics(load_lifetimes(run_dir, arm.name, arm.key())), rows)
 
 
 def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
@@ -199,7 +265,9 @@ def summarize_arm(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
                       spec_draft_tokens=m.get("spec_draft_tokens", 0),
                       spec_accepted_tokens=m.get("spec_accepted_tokens", 0),
                       resolved=run.resolved, expect_prefix_cache=run.arm.expect_prefix_cache,
-                      expect_spec=run.arm.expect_spec, n_requests=len(labels))
+                      expect_spec=run.arm.expect_spec, n_requests=len(labels),
+                      engagement_sources={k: m[k] for k in ("prefix_cache_source", "spec_source")
+                                          if k in m})
 
 
 def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
@@ -267,6 +335,10 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
         store.start(resolved_config={"trigger": trigger.config.to_dict(),
                                      "control": control.config.to_dict()},
                     extra={"labels": trigger.labels + control.labels, "runner": runner})
+        if control_run is not None and control_run.trace_sha not in (None, trace_sha(trace)):
+            raise InputError(f"cannot compare {trigger.name} (this run) with {control_run.arm.name} "
+                             f"({control_run.run_dir}): they answer different traces (trace sha "
+                             f"{trace_sha(trace)} vs {control_run.trace_sha})")
         ctl = control_run or run_arm(control, trace, store, runner=runner,
                                      concurrency=concurrency,
                                      episodes_per_lifetime=episodes_per_lifetime)
@@ -276,6 +348,7 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
         valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
         action_syntax = bool(valid) and sum(valid) / len(valid) >= 0.9
     validator = guilang.is_valid_action if action_syntax else None
+    check_comparable(trg, ctl)
     ctl_labels = label_rows(ctl, None, action_validator=validator)
     trg_labels = label_rows(trg, ctl, action_validator=validator)
     verdict = decide(summarize_arm(trg, trg_labels, unit), summarize_arm(ctl, ctl_labels, unit), alpha=alpha)

@@ -217,6 +217,7 @@ class ArmSummary:
     expect_spec: bool = False
     n_engine_errors: int = 0
     n_requests: int | None = None
+    engagement_sources: dict = field(default_factory=dict)  # where the guard counts came from
 
 
 @dataclass
@@ -317,11 +318,14 @@ def _guards(t: ArmSummary, c: ArmSummary, control_max_rate: float) -> dict[str, 
                                ("resolved configs differ" if t.resolved and c.resolved else
                                 "not checked: resolved config missing for an arm"))
     pc, sp = _contradictions(t)
+    src = t.engagement_sources or {}
+    pc_src = f" (source: {src['prefix_cache_source']})" if src.get("prefix_cache_source") else ""
+    sp_src = f" (source: {src['spec_source']})" if src.get("spec_source") else ""
     for name, expected, got, what, bad in (
             ("prefix_cache_engaged", t.expect_prefix_cache, t.prefix_cache_hits,
-             f"{t.prefix_cache_hits} hits / {t.prefix_cache_queries} queries", pc),
+             f"{t.prefix_cache_hits} hits / {t.prefix_cache_queries} queries{pc_src}", pc),
             ("spec_engaged", t.expect_spec, t.spec_accepted_tokens,
-             f"{t.spec_accepted_tokens} accepted / {t.spec_draft_tokens} draft tokens", sp)):
+             f"{t.spec_accepted_tokens} accepted / {t.spec_draft_tokens} draft tokens{sp_src}", sp)):
         if not expected:
             g[name] = Guard(name, True, f"not expected ({what})")
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Sequence
 
 SYSTEM_PROMPT = ("You operate a desktop through actions. Read each observation, keep the goal in "
                  "mind, answer with exactly one action.\n")
@@ -92,6 +93,39 @@ PRESETS = {
 
 
 GEOMETRIES = ("before", "at", "after")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0:12"`` -> 0..11, ``"0,3,5"`` -> [0, 3, 5], ``"7"`` -> [7] (the ``--seeds`` option)."""
+    from statescope.errors import InputError
+
+    try:
+        if ":" in text:
+            lo, hi = (int(x) for x in text.split(":", 1))
+            seeds = list(range(lo, hi))
+        else:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds {text!r}: expected A:B (A < B), a comma list of distinct "
+                         "non-negative integers, or one integer")
+    return seeds
+
+
+def seeds_trace(name: str, seeds: Sequence[int], *, max_episodes: int | None = None,
+                vision: bool = False, geometry: str | None = None) -> list:
+    """The ``name`` preset once per seed (its first ``max_episodes`` episodes), episode ids
+    prefixed ``s<seed>-`` so that the seed sets of one study never share a request id."""
+    import dataclasses
+
+    steps = []
+    for seed in seeds:
+        trace = preset_trace(name, seed=seed, vision=vision, geometry=geometry)
+        keep = list(dict.fromkeys(s.episode for s in trace))[:max_episodes]
+        steps += [dataclasses.replace(s, episode=f"s{seed}-{s.episode}") for s in trace
+                  if s.episode in keep]
+    return steps
 
 
 def preset_trace(name: str, *, vision: bool = False, seed: int = 0,

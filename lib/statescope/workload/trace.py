@@ -168,6 +168,14 @@ def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]
     return msgs
 
 
+def trace_sha(trace: Sequence[TraceStep]) -> str:
+    """16 hex digits identifying a trace: every step's episode, step, messages (images included),
+    max_tokens, geometry and extra fields, in order. Two arms are only comparable on one trace."""
+    canon = json.dumps([s.to_json() for s in trace], sort_keys=True, separators=(",", ":"),
+                       ensure_ascii=False, default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
 def prompt_sha(token_ids: Sequence[int]) -> str:
     """16 hex digits identifying a prompt by its token ids (stable across runs and processes)."""
     return hashlib.sha256(json.dumps(list(token_ids)).encode()).hexdigest()[:16]
