@@ -51,7 +51,13 @@ def capture_command(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     if not spec.enabled:
         raise InputError("statescope capture: the spec's mode is 'off'; nothing would be recorded")
-    config = EngineConfig(**({"model": args.model} if args.model else {}))
+    import dataclasses
+
+    from statescope.cli.assignments import parse_assignments
+    from statescope.engine.config import model_path
+
+    overrides = parse_assignments(args.set, "--set", [f.name for f in dataclasses.fields(EngineConfig)])
+    config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
     if args.copy_semantics:
         name, _, tile = args.copy_semantics.partition(":")
         cpu_kernels.set_copy_semantics(name, int(tile) if tile else cpu_kernels.DEFAULT_TILE_BYTES)
@@ -117,6 +123,9 @@ def add_capture_subcommands(subparsers: Any) -> None:
     c.add_argument("--sample", type=float, default=None, help="fraction of requests to record")
     c.add_argument("--max-bytes", type=int, default=None)
     c.add_argument("--model", default=None, help="model directory or name under data/models")
+    c.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override an EngineConfig field (e.g. async_scheduling=false for a "
+                        "reference run of the same prompts; repeatable)")
     c.add_argument("--episodes", type=int, default=4)
     c.add_argument("--steps", type=int, default=3)
     c.add_argument("--max-tokens", type=int, default=16)

@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trigger-set", action="append", metavar="FIELD=VALUE",
                    help="override an EngineConfig field of the trigger arm (repeatable)")
     r.add_argument("--control-set", action="append", metavar="FIELD=VALUE")
+    r.add_argument("--trigger-patch", action="append", default=[], metavar="NAME",
+                   help="statescope runtime patch on the trigger arm (offline runner), e.g. "
+                        "accept_sync; the arm is labelled PATCHED (repeatable)")
     r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
     r.add_argument("--episodes-per-lifetime", type=int, default=None,
                    help="reset the prefix cache after this many episodes (engine_lifetime unit)")

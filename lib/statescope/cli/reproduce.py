@@ -65,6 +65,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         rate = float(rest) if rest else 1.0
         trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
     trigger.copy_semantics = args.copy_semantics
+    if args.trigger_patch:
+        from statescope.patches.registry import parse_patch
+
+        for name in args.trigger_patch:
+            parse_patch(name)  # bad names fail here, before any engine starts
+        trigger.patches = tuple(args.trigger_patch)
     result = reproduce(trigger, control, trace, store_root=args.runs,
                        run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
                        runner=args.runner, unit=args.unit, concurrency=args.concurrency,

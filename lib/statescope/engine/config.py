@@ -43,6 +43,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 512 * 2**20
     dtype: str = "bfloat16"
     mamba_ssm_cache_dtype: str = "float32"
+    # "v1" / "v2": force vLLM's model runner (VLLM_USE_V2_MODEL_RUNNER=0/1 for this engine);
+    # None leaves the build's default. The resolved config reads back which runner really ran.
+    model_runner: str | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,6 +67,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 bad(name, "a positive integer or None")
+        if self.model_runner not in (None, "v1", "v2"):
+            bad("model_runner", "'v1', 'v2' or None (the build's default)")
         if self.enable_prefix_caching and self.mamba_cache_mode == "none":
             bad("mamba_cache_mode", "'align' or 'all' (or None) when enable_prefix_caching=True")
 
@@ -81,6 +86,11 @@ class EngineConfig:
         from statescope.tables import KeyValueTable
 
         return KeyValueTable("EngineConfig (requested)", self.to_dict())._repr_html_()
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment variables this configuration sets for its engine (the runner choice)."""
+        return {} if self.model_runner is None else {
+            "VLLM_USE_V2_MODEL_RUNNER": "1" if self.model_runner == "v2" else "0"}
 
     def engine_kwargs(self) -> dict:
         """Keyword arguments for ``vllm.LLM`` / ``EngineArgs``."""

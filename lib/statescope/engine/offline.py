@@ -122,12 +122,22 @@ class OfflineEngine:
         self.spec_tap = spec_tap.install()  # per-request accepted drafts, for the guards
         self.config = config
         self.engine_args = profiled(config, self.profile).engine_kwargs()
+        # the runner choice is an environment variable vLLM reads while it builds the engine;
+        # set it for this start only (the resolved config says which runner really ran)
+        saved = {k: os.environ.get(k) for k in config.engine_env()}
+        os.environ.update(config.engine_env())
         t0 = time.perf_counter()
         try:
             with _stdout_with_fileno():
                 self.llm = vllm.LLM(**self.engine_args)
         except Exception as exc:  # the first real error, verbatim, with what was asked
             raise start_error(exc, self.engine_args) from exc
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.startup_s = time.perf_counter() - t0
         self._count = 0
 

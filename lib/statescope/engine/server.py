@@ -280,6 +280,7 @@ class VllmServer:
         run_env.update(VLLM_SERVER_DEV_MODE="1", VLLM_LOGGING_LEVEL="INFO")
         # the device profile's variables; the server's plugin applies its patches in each process
         run_env.update(profile_env(self.profile))
+        run_env.update(config.engine_env())  # the runner choice (VLLM_USE_V2_MODEL_RUNNER)
         run_env.update(env or {})
         self._closed = False
         self.startup_s: float | None = None

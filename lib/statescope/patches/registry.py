@@ -33,6 +33,7 @@ from statescope.errors import InputError
 PATCHES = {
     "overlap_safe_copy": "overlap-safe batch_memcpy (runtime patch for the H-copy race)",
     "accept_sync": "ordered accepted counts (runtime patch for the H-accept race)",
+    "amplify_accept_race": "AMPLIFIED: the accepted-count copy forced to land before the row moves",
     "cpu_kernels:memmove": "CPU fused copy kernels, memmove semantics (correct)",
     "cpu_kernels:barrierless_tiles": "EMULATED H-copy race: CPU fused copies as barrier-less tiles",
     "cpu_kernels:release_gpu_order": "EMULATED: CPU fused copies ordered as this release's GPU kernel",
@@ -68,6 +69,12 @@ def parse_patch(text: str) -> Patch:
         except ValueError:
             raise InputError(f"build patch {text!r}: expected planted_regression=RATE with "
                              "0 < RATE <= 1") from None
+    elif sep and name == "amplify_accept_race":
+        from statescope.patches.accept_race_amplifier import MODES
+
+        if option not in MODES:
+            raise InputError(f"build patch {text!r}: expected amplify_accept_race[=MODE] with MODE "
+                             f"one of {MODES}")
     elif sep:
         raise InputError(f"build patch {text!r}: {name} takes no option")
     return Patch(name, option if sep else None)
@@ -88,6 +95,10 @@ def apply_patches(patches: list[Patch], trigger, *, seed: int = 0) -> list[str]:
             from statescope.patches.accept_sync import install_accept_sync
 
             install_accept_sync()
+        elif p.name == "amplify_accept_race":
+            from statescope.patches import accept_race_amplifier
+
+            accept_race_amplifier.install(p.option or "early")
         elif p.name.startswith("cpu_kernels:"):
             trigger.copy_semantics = p.name.split(":", 1)[1]
         elif p.name == "planted_regression":

@@ -49,10 +49,15 @@ class Arm:
     # prefix cache or never accepted a draft has not tested the hypothesis, whatever its config.
     expect_prefix_cache: bool = False
     expect_spec: bool = False
+    # statescope runtime patches applied in this arm's engine process (statescope.patches.registry:
+    # e.g. "accept_sync"); a patched arm is labelled so and keyed apart from the unpatched one
+    patches: tuple = ()
 
     @property
     def labels(self) -> list[str]:
-        out = []
+        out = [("AMPLIFIED (amplify_accept_race: the race forced to lose; not a real-world rate)"
+                if p.startswith("amplify_accept_race") else f"PATCHED {p} (statescope runtime patch)")
+               for p in self.patches]
         if self.fault is not None:
             out.append(f"PLANTED FAULT {self.fault.kind} rate={self.fault.rate}")
         if self.copy_semantics and self.copy_semantics != "memmove":
@@ -124,9 +129,21 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
     """An engine for ``arm``: 'offline' (in-process), 'server' (launched), or an http(s) URL."""
     from statescope.engine.runners import OfflineRunner, ServerRunner
 
+    if arm.patches and runner != "offline":
+        raise InputError(f"reproduce: runtime patches {list(arm.patches)} need the offline runner "
+                         f"(they patch this process's vLLM), not {runner!r}")
     if runner == "offline":
         from statescope.patches import cpu_kernels, faults
+        from statescope.patches.accept_sync import uninstall_accept_sync
+        from statescope.patches.overlap_safe import uninstall_overlap_safe_copy
+        from statescope.patches.registry import apply_patches, parse_patch
 
+        from statescope.patches import accept_race_amplifier
+
+        uninstall_accept_sync()  # the previous arm's patches end with it
+        uninstall_overlap_safe_copy()
+        accept_race_amplifier.uninstall()
+        apply_patches([parse_patch(p) for p in arm.patches], arm)
         faults.uninstall_fault()
         if arm.fault is not None:
             faults.install_fault(dataclasses.replace(arm.fault, out=str(out)))
