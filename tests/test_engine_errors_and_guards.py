@@ -18,7 +18,7 @@ import pytest
 
 from statescope.engine.offline import _stdout_with_fileno
 from statescope.errors import InputError
-from statescope.verdict.engagement import engagement_metrics, lifetime_metrics
+from statescope.resolved import engagement_metrics, lifetime_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 R3 = REPO / "data" / "results" / "gpu" / "e2e_round3"

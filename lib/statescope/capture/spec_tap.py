@@ -7,7 +7,7 @@ request id. ``take(request_id)`` pops one request's ``(draft_tokens, accepted_to
 where the scheduler runs: in-process for the offline engine. Why: vLLM 0.26.0's in-process engine
 on the H200 reported 0 in every spec-decode and prefix-cache counter although drafts were
 accepted, so a guard reading the counters alone called an engaged arm "not exercised"; the
-per-request counts let the guard see the engagement itself (``statescope.verdict.engagement``).
+per-request counts let the guard see the engagement itself (``statescope.resolved``).
 
 What it deliberately does not do: change the scheduler's result or work when vLLM's own stats are
 off (it counts before the ``log_stats`` check and returns the original's value), or reach a

@@ -46,6 +46,7 @@ class EngineConfig:
     # "v1" / "v2": force vLLM's model runner (VLLM_USE_V2_MODEL_RUNNER=0/1 for this engine);
     # None leaves the build's default. The resolved config reads back which runner really ran.
     model_runner: str | None = None
+    gpu_memory_utilization: float | None = None  # None: vLLM's default (0.9 of the device)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -67,6 +68,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 bad(name, "a positive integer or None")
+        share = self.gpu_memory_utilization
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 < share <= 1):
+            bad("gpu_memory_utilization", "a fraction in (0, 1] or None")
         if self.model_runner not in (None, "v1", "v2"):
             bad("model_runner", "'v1', 'v2' or None (the build's default)")
         if self.enable_prefix_caching and self.mamba_cache_mode == "none":
@@ -100,6 +105,8 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len, seed=self.seed,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes, disable_log_stats=False,
         )
+        if self.gpu_memory_utilization is not None:
+            kw["gpu_memory_utilization"] = float(self.gpu_memory_utilization)
         if self.mamba_cache_mode is not None:
             kw["mamba_cache_mode"] = self.mamba_cache_mode
         if self.mamba_block_size is not None:

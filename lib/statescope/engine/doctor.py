@@ -114,9 +114,11 @@ def run_doctor(model: str | None = None, *, start_engine: bool = True) -> Doctor
               f"method={r['speculative_method']} num_speculative_tokens={r['num_speculative_tokens']}"
               f" draft={r['draft_architecture']}"))
     add(DoctorCheck("prefix-cache hits", m["prefix_cache_hits"] > 0,
-              f"{m['prefix_cache_hits']} of {m['prefix_cache_queries']} queried tokens"))
+              f"{m['prefix_cache_hits']} of {m['prefix_cache_queries']} queried tokens "
+              f"(source: {m.get('prefix_cache_source', 'vLLM counters')})"))
     add(DoctorCheck("accepted drafts", m["spec_accepted_tokens"] > 0,
-              f"{m['spec_accepted_tokens']} of {m['spec_draft_tokens']} draft tokens"))
+              f"{m['spec_accepted_tokens']} of {m['spec_draft_tokens']} draft tokens "
+              f"(source: {m.get('spec_source', 'vLLM counters')})"))
     add(DoctorCheck("async scheduling", True, "on" if r["async_scheduling"] else
               "OFF as resolved — " + "; ".join(r["warnings"]) if r["warnings"] else "off"))
     return report
@@ -124,6 +126,7 @@ def run_doctor(model: str | None = None, *, start_engine: bool = True) -> Doctor
 
 def _engine_probe(config) -> tuple[dict, dict, float]:
     from statescope.engine.offline import OfflineEngine
+    from statescope.resolved import engagement_metrics
     from statescope.workload.episodes import run_episodes, shared_prefix_episodes
 
     t0 = time.perf_counter()
@@ -131,6 +134,7 @@ def _engine_probe(config) -> tuple[dict, dict, float]:
         startup = time.perf_counter() - t0
         # Long shared prefix: with MTP a prompt needs more than two align blocks (384 tokens on
         # the tiny models) before the prefix cache can serve any of it.
-        run_episodes(engine, shared_prefix_episodes(n_episodes=2, n_steps=3), max_tokens=12,
-                     system_repeat=16)
-        return engine.resolved(), engine.metrics(), startup
+        rows = run_episodes(engine, shared_prefix_episodes(n_episodes=2, n_steps=3), max_tokens=12,
+                            system_repeat=16)
+        # the guards' best source: vLLM's counters, else the requests' own counts
+        return engine.resolved(), engagement_metrics(engine.metrics(), rows), startup

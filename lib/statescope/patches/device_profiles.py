@@ -38,6 +38,7 @@ from typing import Any
 from statescope.errors import InputError
 
 ENV_PROFILE = "STATESCOPE_PROFILE"
+ENV_GPU_SHARE = "STATESCOPE_GPU_MEMORY_UTILIZATION"
 _CUDA_ENV = {"VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE": "0"}
 
 
@@ -124,9 +125,18 @@ def merged_extra(extra: dict, profile: DeviceProfile) -> dict:
 
 
 def profiled(config: Any, profile: DeviceProfile | None = None) -> Any:
-    """``config`` (an ``EngineConfig``) with the profile's engine settings merged."""
+    """``config`` (an ``EngineConfig``) with the profile's engine settings merged, and the GPU
+    share ``STATESCOPE_GPU_MEMORY_UTILIZATION`` where the config leaves it open (several engines
+    side by side on one GPU: vLLM refuses to start one whose share exceeds the free memory)."""
     profile = profile or choose_profile()
-    return config.replace(extra=merged_extra(config.extra, profile))
+    changes: dict[str, Any] = {"extra": merged_extra(config.extra, profile)}
+    share = os.environ.get(ENV_GPU_SHARE)
+    if share and config.gpu_memory_utilization is None and profile.name != "cpu":
+        try:
+            changes["gpu_memory_utilization"] = float(share)
+        except ValueError:
+            raise InputError(f"{ENV_GPU_SHARE}={share!r}: expected a fraction in (0, 1]") from None
+    return config.replace(**changes)
 
 
 def in_process_record(profile: DeviceProfile, applied: list[str]) -> dict[str, Any]:

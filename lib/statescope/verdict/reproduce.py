@@ -222,7 +222,7 @@ def load_arm_run(run_dir: str | Path, arm_name: str) -> ArmRun:
     arm = Arm(arm_name, EngineConfig())
     shas = {life.get("trace_sha") for life in lives if life.get("trace_sha")}
     resolved = next((life["resolved"] for life in reversed(lives) if life.get("resolved")), {})
-    from statescope.verdict.engagement import engagement_metrics, lifetime_metrics
+    from statescope.resolved import engagement_metrics, lifetime_metrics
 
     return ArmRun(arm, rows, engagement_metrics(lifetime_metrics(lives), rows), resolved, {},
                   shas.pop() if len(shas) == 1 else None, run_dir)
@@ -230,9 +230,9 @@ def load_arm_run(run_dir: str | Path, arm_name: str) -> ArmRun:
 
 def arm_metrics(run_dir: Path, arm: Arm, rows: list[dict]) -> dict:
     """The arm's counters summed over every engine lifetime of the run, with the guard pairs from
-    the best source (``statescope.verdict.engagement``)."""
+    the best source (``statescope.resolved``)."""
     from statescope.records import load_lifetimes
-    from statescope.verdict.engagement import engagement_metrics, lifetime_metrics
+    from statescope.resolved import engagement_metrics, lifetime_metrics
 
     return engagement_metrics(lifetime_metrics(load_lifetimes(run_dir, arm.name, arm.key())), rows)
 

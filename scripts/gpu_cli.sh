@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Device glue: run the workbook's own command line on the lent H200, as a user would (issues 19, 21).
+# Nothing here decides anything: every number comes from `statescope ...` commands; this script only
+# activates a release's environment (the kit of scripts/gpu_kit.sh), starts the commands side by
+# side on the one GPU, and packs what they wrote into $OUT (at most 8 files come back).
+#
+#   bash scripts/gpu_cli.sh env VERSION                  # print the shell lines that activate a release
+#   bash scripts/gpu_cli.sh setup VERSION                # bin/setup --here into that release's Python
+#   bash scripts/gpu_cli.sh doctor VERSION...            # statescope doctor per release (warms JIT caches)
+#   bash scripts/gpu_cli.sh issue19 [BUDGET_S]           # 0.26.0: the README's commands (below)
+#   bash scripts/gpu_cli.sh releases VERSION...          # release x runner x async cells (+ AMPLIFIED)
+#   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
+#
+# Runs live under /tmp/ss (the machine's /tmp is gone when it is given back); each command's stdout
+# (its --json report) and stderr are kept beside its run, and `commands.txt` lists every command as
+# run. Set SS_MODEL (default tiny-gui) and SS_SEEDS (seed sets, default "0:12 12:24 24:36 36:48").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+SS=${SS_ROOT:-/tmp/ss}
+OUT=${OUT:-$SS/out}
+MODEL=${SS_MODEL:-tiny-gui}
+PRESET=${SS_PRESET:-long}
+PY=${SS_PY:-python3}  # the interpreter that holds the release (python3 with the kit's env.sh)
+SEEDS=${SS_SEEDS:-"0:12 12:24 24:36 36:48"}
+mkdir -p "$SS" "$OUT"
+export PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+# several engines side by side on the one GPU: each asks for a small share (the device profile
+# applies it where a config leaves it open; vLLM refuses a start whose share exceeds free memory)
+export STATESCOPE_GPU_MEMORY_UTILIZATION=${STATESCOPE_GPU_MEMORY_UTILIZATION:-0.04}
+
+activate() {  # VERSION: the release's env.sh from the kit, then this checkout's statescope first
+  local v=$1
+  [ -f "/tmp/vllm-$v/env.sh" ] || { echo "gpu_cli: /tmp/vllm-$v/env.sh missing: install the kit first" >&2; return 3; }
+  # shellcheck disable=SC1090
+  . "/tmp/vllm-$v/env.sh"
+  export PYTHONPATH="$REPO/lib:$PYTHONPATH"
+}
+
+ss() {  # NAME VERSION ARGS...: one statescope command, logged; its stdout is its report
+  local name=$1 v=$2; shift 2
+  local dir="$SS/$v/$name"
+  mkdir -p "$dir"
+  printf '%s\tvllm %s\tstatescope %s\n' "$name" "$v" "$*" >> "$SS/commands.txt"
+  ( activate "$v" && cd "$REPO" && timeout "${SS_TIMEOUT:-560}" \
+      "$PY" -m statescope.cli.main "$@" > "$dir/stdout.json" 2> "$dir/stderr.log" )
+  local rc=$?
+  echo "$rc" > "$dir/rc"
+  printf '[%s] %s (vllm %s): rc=%s %s\n' "$(date +%H:%M:%S)" "$name" "$v" "$rc" \
+    "$(tail -1 "$dir/stderr.log" 2>/dev/null | cut -c1-160)"
+  return 0
+}
+
+bg() {  # run a job in the background (on the GPU, side by side), or in turn with SS_SERIAL=1
+  if [ "${SS_SERIAL:-0}" = 1 ]; then "$@"; else "$@" & fi
+}
+
+doctor_all() {
+  for v in "$@"; do ss doctor "$v" doctor --model "$MODEL" --json & done
+  wait
+}
+
+issue19() {  # the README's own commands on 0.26.0, side by side on the one GPU
+  local v=${SS_RELEASE:-0.26.0}; local R="$SS/$v/runs" C="$SS/$v/captures"
+  mkdir -p "$R" "$C"
+  bg ss doctor "$v" doctor --model "$MODEL" --json
+  local first=${SEEDS%% *}
+  for ctl in no_async no_prefix_cache no_mtp; do
+    bg ss "repro_${first/:/-}_$ctl" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$first" \
+      --control "$ctl" --runs "$R" --run-id "s${first/:/-}_$ctl" --json
+  done
+  for s in ${SEEDS#* }; do  # more seed sets: the trigger's rate depends on them
+    bg ss "repro_${s/:/-}_no_async" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" \
+      --control no_async --runs "$R" --run-id "s${s/:/-}_no_async" --json
+  done
+  capture_chain() {
+    ss capture_trigger "$v" capture --model "$MODEL" --episodes 8 --steps 6 --max-tokens 24 \
+        --out "$C/trigger" --json
+    ss capture_reference "$v" capture --model "$MODEL" --episodes 8 --steps 6 --max-tokens 24 \
+        --set async_scheduling=false --out "$C/reference" --json
+    t=$(ls -d "$C"/trigger/*/ 2>/dev/null | head -1); r=$(ls -d "$C"/reference/*/ 2>/dev/null | head -1)
+    ss census "$v" census "$t" --json
+    ss continuity "$v" continuity "$t" --json
+    ss diverge "$v" diverge "$t" --reference "$r" --json
+  }
+  bg capture_chain
+  wait
+  for s in $SEEDS; do  # patched triggers against the same control runs (like with like)
+    bg ss "repro_${s/:/-}_accept_sync" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" \
+      --control no_async --trigger-patch accept_sync --runs "$R" --run-id "s${s/:/-}_accept_sync" \
+      --control-run "$R/s${s/:/-}_no_async" --json
+  done
+  wait
+}
+
+render19() {  # notebooks executed on the GPU (papermill); PNGs need a browser the device lacks
+  local v=${SS_RELEASE:-0.26.0}
+  ss render "$v" render 00_quickstart 01_reproduce 03_capture_states 04_where_state_diverges \
+    06_hypotheses --out "$SS/$v/gallery-gpu" --no-png --json
+}
+
+releases() {  # VERSION...: per release and runner, the trigger vs its async-off control, then
+  # the AMPLIFIED triggers (both orderings, and the amplifier under accept_sync) vs that control
+  for v in "$@"; do
+    local R="$SS/$v/runs"; mkdir -p "$R"
+    for runner in v1 v2; do
+      local s=${SEEDS%% *} id="${runner}_${SEEDS%% *}"; id=${id/:/-}
+      ( ss "cell_$id" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" --control no_async \
+          --trigger-set model_runner=$runner --control-set model_runner=$runner --runs "$R" \
+          --run-id "$id" --json
+        for amp in amplify_accept_race amplify_accept_race=delay; do
+          ss "cell_${id}_${amp/=/-}" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" \
+            --control no_async --trigger-set model_runner=$runner --trigger-patch "$amp" \
+            --control-run "$R/$id" --runs "$R" --run-id "${id}_${amp/=/-}" --json
+        done
+        ss "cell_${id}_amplified_accept_sync" "$v" reproduce --model "$MODEL" --preset "$PRESET" \
+          --seeds "$s" --control no_async --trigger-set model_runner=$runner \
+          --trigger-patch amplify_accept_race --trigger-patch accept_sync --control-run "$R/$id" \
+          --runs "$R" --run-id "${id}_amplified_accept_sync" --json ) &
+    done
+  done
+  wait
+}
+
+pack() {  # NAME DIR...: records compacted (the fields a verdict reads), reports, logs -> $OUT/NAME.tar.gz
+  local name=$1; shift
+  local stage="$SS/pack-$name"
+  rm -rf "$stage" && mkdir -p "$stage"
+  for d in "$@"; do cp -r "$d" "$stage/" 2>/dev/null; done
+  cp "$SS/commands.txt" "$stage/" 2>/dev/null
+  PYTHONPATH="$REPO/lib" "$PY" - "$stage" <<'PY'
+import json, pathlib, sys
+from statescope.results.files import compact_record
+for f in pathlib.Path(sys.argv[1]).rglob("records.jsonl"):
+    rows = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
+    f.write_text("".join(json.dumps(dict(compact_record(r), runner=r.get("runner"),
+                 spec_draft_tokens=r.get("spec_draft_tokens"),
+                 spec_accepted_tokens=r.get("spec_accepted_tokens"))) + "\n" for r in rows))
+PY
+  tar czf "$OUT/$name.tar.gz" -C "$stage" .
+  ls -la "$OUT/$name.tar.gz"
+}
+
+case "${1:-}" in
+  env) shift; echo ". /tmp/vllm-$1/env.sh; export PYTHONPATH=$REPO/lib:\$PYTHONPATH" ;;
+  setup) shift; ( . "/tmp/vllm-$1/env.sh" && STATESCOPE_WHEELS=${STATESCOPE_WHEELS:-/tmp/gk/work-tools/whl} \
+             STATESCOPE_PYTHON=python3 bin/setup --here ) ;;
+  doctor) shift; doctor_all "$@" ;;
+  issue19) issue19 ;;
+  render19) render19 ;;
+  releases) shift; releases "$@" ;;
+  pack) shift; pack "$@" ;;
+  *) sed -n 2,17p "$0"; exit 2 ;;
+esac
