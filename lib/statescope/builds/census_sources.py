@@ -136,7 +136,7 @@ def release_tree(version: str, *, fetch: bool = True, timeout_s: float = 900) ->
                 files = _extract(wheel, staged)
                 note = {"distribution": dist, "version": version, "wheel": wheel.name,
                         "wheel_bytes": wheel.stat().st_size, "sha256": _sha256(wheel),
-                        "pip_seconds": round(seconds, 2), "python_files": files,
+                        "pip_seconds": round(seconds, 2), "files_extracted": files,
                         "fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 (staged / SOURCE_NOTE).write_text(json.dumps(note, indent=1))
                 shutil.rmtree(root, ignore_errors=True)

@@ -125,7 +125,9 @@ def fused_conv_copy_ordered(tree: SourceTree) -> CensusCheck:
             return mk(verdict=PRESENT, function=name, line=loop.lineno,
                       detail="the shifted conv window is copied token by token, low to high" +
                              (f"; same-block test at line {same_block[0].lineno}" if same_block else ""))
-    sizes = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and "conv_width" in names_read(a.value)]
+    sizes = [a for a in ast.walk(fn) if isinstance(a, ast.Assign) and any(  # shifted-window sizes
+        isinstance(b, ast.BinOp) and isinstance(b.op, ast.Sub) and "conv_width" in names_read(b.left)
+        for b in ast.walk(a.value))]
     line = min((a.lineno for a in sizes), default=fn.lineno)
     return mk(verdict=ABSENT, function=name, line=line,
               detail="the shifted conv window is copied as one tile-parallel run of bytes: an "

@@ -40,7 +40,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
                      store_root=args.runs, installer=args.installer)
     print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else m.frame()[
-        ["build", "status", "vllm", "failed", "units", "outcome", "detail"]].to_string(index=False))
+        ["build", "status", "vllm", "failed", "units", "outcome", "census", "detail"]].to_string(index=False))
     return 0 if all(r["status"] == "ok" for r in m.rows) else 1
 
 

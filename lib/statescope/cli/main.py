@@ -29,6 +29,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         for c in report.checks:
             print(f"{'ok ' if c.ok else 'FAIL'} {c.name:<24} {c.detail}")
+        if report.census:  # the source census of the installed build (statescope build census)
+            print("census: " + report.census["summary"].replace("; #", "\n        #", 1))
     if not report.ok:
         bad = report.first_failure
         print(f"statescope doctor: {bad.name}: {bad.detail}", file=sys.stderr)

@@ -5,7 +5,8 @@ What it does: ``config_matrix(axes, trace, ...)`` takes the cartesian product of
 trace through a fresh real engine per cell, labels outputs against a shared control run (the
 reference configuration by default), and returns a ``MatrixResult``: one row per cell with the
 *requested* values, the *resolved* values (two cells that resolve to the same configuration are
-flagged — the CPU platform, for instance, resolves every async setting to off), the failure rate
+flagged — the CPU platform, for instance, resolves every async setting to off), the build's
+source census brief (``census``: which fixes it contains, ``statescope.builds.census``), the failure rate
 with its Clopper–Pearson interval, and the engagement counters. ``heatmap()`` draws it (plotly).
 
 What it deliberately does not do: cross builds (``statescope.builds``, the bisection issue) or
@@ -48,6 +49,7 @@ def cell_config(base: EngineConfig, cell: dict) -> EngineConfig:
 class MatrixResult:
     rows: list[dict]
     axes: dict
+    census: str | None = None  # brief source census of the build the cells ran in
 
     def frame(self):
         import pandas as pd
@@ -55,7 +57,7 @@ class MatrixResult:
         return pd.DataFrame(self.rows)
 
     def to_dict(self) -> dict:
-        return {"axes": self.axes, "cells": self.rows}
+        return {"axes": self.axes, "cells": self.rows, "census": self.census}
 
     def heatmap(self, x: str | None = None, y: str | None = None):
         import plotly.graph_objects as go
@@ -95,7 +97,8 @@ class MatrixResult:
                 r["spec_accepted_tokens"], r["duplicate_of"] or ""]
             style = " style='background:#fff3cd'" if r["duplicate_of"] else ""
             body += f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        caption = f"<caption>build census: {html.escape(self.census)}</caption>" if self.census else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def config_matrix(axes: dict[str, list], trace: list, *, store_root: str | Path, run_id: str,
@@ -132,4 +135,15 @@ def config_matrix(axes: dict[str, list], trace: list, *, store_root: str | Path,
                          "spec_accepted_tokens": summary.spec_accepted_tokens,
                          "duplicate_of": seen.get(resolved_key)})
             seen.setdefault(resolved_key, name)
-    return MatrixResult(rows, axes)
+    return MatrixResult(rows, axes, census=_installed_brief())
+
+
+def _installed_brief() -> str | None:
+    """The installed vLLM's source census, one line (``statescope.builds.census``); None if unreadable."""
+    from statescope.builds.census import census_installed
+    from statescope.errors import StatescopeError
+
+    try:
+        return census_installed().brief()
+    except (StatescopeError, OSError):
+        return None
