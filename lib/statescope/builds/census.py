@@ -139,7 +139,8 @@ class BuildCensus:
             return f"runner V2 by default — {tail}"
         if runner == "V1":
             if fix == PRESENT:
-                return "runner V1 by default — V1 waits for the accepted-count copy: not exposed to H-accept"
+                return ("runner V1 by default — V1 waits for the accepted-count copy: not exposed "
+                        "to H-accept")
             cpu = self.check("cpu_platform_turns_async_off").verdict == PRESENT
             return ("runner V1 by default — exposed to H-accept whenever async scheduling runs with "
                     "align + MTP" + (" (the CPU platform turns async off)" if cpu else "")) \
@@ -201,13 +202,14 @@ class BuildCensus:
     def _repr_html_(self) -> str:
         e = html.escape
         colour = {PRESENT: "#2e7d32", ABSENT: "#c62828", NOT_APPLICABLE: "#666", UNKNOWN: "#b26a00"}
-        rows = "".join(f"<tr><td>{e(c.mechanism)}</td><td>{e(' '.join(c.prs))}</td>"
+        rows = "".join(f"<tr><td>{e(c.mechanism)}</td><td>{e(c.check)}</td><td>{e(' '.join(c.prs))}</td>"
                        f"<td style='color:{colour[c.verdict]};font-weight:bold'>{e(c.verdict)}"
                        f"{' (' + e(c.value) + ')' if c.value else ''}</td><td><code>{e(c.where)}"
                        f"</code></td><td>{e(c.detail)}</td></tr>" for c in self.checks)
         return (f"<div><b>{e(self.build)}</b>: vLLM {e(str(self.version))} "
                 f"({e(str(self.distribution))}) — {e(self.headline)}<table><tr><th>mechanism</th>"
-                f"<th>PRs</th><th>verdict</th><th>where</th><th>why</th></tr>{rows}</table></div>")
+                f"<th>check</th><th>PRs</th><th>verdict</th><th>where</th><th>why</th></tr>{rows}"
+                "</table></div>")
 
 
 def census(tree: SourceTree) -> BuildCensus:
@@ -293,8 +295,51 @@ def release_frame(censuses: Iterable[BuildCensus] | None = None):
     for c in censuses if censuses is not None else load_release_census():
         m = c.mechanisms()
         rows.append({"release": c.version, "read from": c.distribution, "runner": c.runner,
-                     **{k: m.get(k) for k in HAZARDS},
+                     **{("H-accept (V1)" if k == "H-accept" else k): m.get(k) for k in HAZARDS},
                      "#45100": c.check("non_align_async_skips_counts").verdict,
                      "#33997": c.check("async_allowed_with_align").verdict,
                      "H-accept (default config, CUDA)": c.exposure()["H-accept"]})
     return pd.DataFrame(rows)
+
+
+def runner_kind(observed: str | None) -> str | None:
+    """V1 / V2 from what a run recorded: "V1"/"V2", the runner's module path, or a class name.
+    ``GPUModelRunner`` alone cannot tell (V2's class has the same name): None."""
+    text = str(observed or "")
+    if text in ("V1", "V2"):
+        return text
+    if "worker.gpu.model_runner" in text or "worker/gpu/model_runner" in text:
+        return "V2"
+    if "gpu_model_runner" in text or "cpu_model_runner" in text or text == "CPUModelRunner":
+        return "V1"  # the CPU runner subclasses V1's GPUModelRunner
+    return None
+
+
+def lineup(rows: Iterable[dict]):
+    """Observed runs beside the census of their release: each row gives ``vllm`` (the release),
+    ``runner`` (see ``runner_kind``) and optionally ``async_scheduling``, ``mamba_cache_mode``,
+    ``num_speculative_tokens``, ``platform`` and a ``label`` (a run's resolved configuration has
+    these keys), and ``failed/units`` when known; the table shows the census's default runner,
+    whether the observed one agrees (True / False / "cannot tell"), and the H-accept exposure the
+    census predicts for that run."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        row = {"run": r.get("label"), "release": r.get("vllm"), "runner (observed)": r.get("runner"),
+               **({"failed/units": r["failed/units"]} if "failed/units" in r else {})}
+        try:
+            c = census_for_release(str(r.get("vllm")), fetch=False)
+        except InputError as exc:
+            out.append({**row, "census": f"no census: {exc}"})
+            continue
+        seen = runner_kind(r.get("runner"))
+        predicted = c.exposure(runner=seen, platform=r.get("platform", "cuda"),
+                               async_scheduling=bool(r.get("async_scheduling", True)))["H-accept"]
+        if r.get("mamba_cache_mode", "align") != "align" or not r.get("num_speculative_tokens", 1):
+            predicted = "not exposed (needs align + MTP)"
+        row.update({"runner (census default)": c.runner,
+                    "agrees": "cannot tell" if seen is None else seen == c.runner,
+                    "H-accept predicted": predicted, "census": c.brief()})
+        out.append(row)
+    return pd.DataFrame(out)

@@ -1,4 +1,4 @@
-"""The census's reading of a vLLM build: its source tree, its version, one result per signature, AST helpers.
+"""The census's reading of a vLLM build: its source tree, version, per-signature result, AST helpers.
 
 What it does: ``SourceTree`` is a directory holding a ``vllm/`` package -- an installed one, a
 build environment's, a release's sources extracted from its wheel, or a checkout. ``locate``

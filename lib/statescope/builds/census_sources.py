@@ -1,4 +1,4 @@
-"""Where a census finds a build's Python sources: this interpreter's vLLM, a build environment, a release's wheel.
+"""Where a census finds a build's Python sources: this Python's vLLM, a build env, a release wheel.
 
 What it does: ``installed_tree`` locates the ``vllm`` package this interpreter would import
 (without importing it); ``build_tree`` the site-packages of an environment made by ``statescope
@@ -88,7 +88,7 @@ def _extract(wheel: Path, dest: Path) -> int:
 
 def _pip_download(requirement: str, into: Path, timeout_s: float) -> tuple[Path | None, str]:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", requirement, "-d", str(into)]
+           "--disable-pip-version-check", "--no-cache-dir", "-q", requirement, "-d", str(into)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""Census signatures of the model-runner family: the default runner (#53183), H-accept on V1 (#53919/#51599/#53613, #45100), H-reorder (#55898).
+"""Census signatures of the model runner: default runner, H-accept on V1, H-reorder.
 
 What it does: four small functions over a build's sources (``SourceTree``), each returning one
 ``CensusCheck``:

@@ -1,4 +1,4 @@
-"""Census signatures of the scheduler / KV-cache family: H-split (#54076), H-drop (#48375/#57128), async + align (#33997).
+"""Census signatures of the scheduler and KV-cache managers: H-split, H-drop, async + align.
 
 What it does: four small functions over a build's sources (``SourceTree``), each returning one
 ``CensusCheck``:

@@ -1,4 +1,4 @@
-"""Command line of the source census: ``statescope build census [NAME ... | --installed | --release X.Y.Z ...]``.
+"""Command line of the source census: ``statescope build census [NAME ... | --installed | --release X ...]``.
 
 What it does: registers ``build census`` (``add_census_subcommand``, called from
 ``statescope.cli.builds``) and prints, per build, its version, the headline (runner and H-accept),
