@@ -135,7 +135,7 @@ class BuildCensus:
             how = [f.rsplit(" (line", 1)[0] for f in forced if not f.startswith("unsupported by V2")]
             how += [f"one of {n_features} features V2 does not support"] if n_features else []
             tail = "V1 waits for the accepted-count copy" if fix == PRESENT else \
-                f"not exposed to H-accept unless V1 is forced ({', '.join(how)})"
+                f"not exposed to H-accept unless V1 is forced ({'; '.join(how)})"
             return f"runner V2 by default — {tail}"
         if runner == "V1":
             if fix == PRESENT:

@@ -142,6 +142,13 @@ class SourceTree:
         return f"{rel} not found in this build" if self.text(rel) is None \
             else f"{rel} does not parse as Python"
 
+    def functions_mentioning(self, rel: str, needle: str) -> list[tuple[str, ast.FunctionDef]]:
+        """``functions(module)`` whose source text contains ``needle``: a cheap text filter
+        before a walk, so signatures do not walk every function of a 7,000-line file."""
+        lines = (self.text(rel) or "").splitlines()
+        return [(name, fn) for name, fn in functions(self.module(rel))
+                if needle in "\n".join(lines[fn.lineno - 1:fn.end_lineno])]
+
     def has_align_mode(self) -> bool:
         """Whether the build has Mamba align-mode state copies at all (else align-specific
         mechanisms are not applicable rather than unknown)."""

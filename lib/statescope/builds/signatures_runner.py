@@ -33,7 +33,7 @@ from functools import partial
 
 from statescope.builds.census_ast import (ABSENT, PRESENT, UNKNOWN, CensusCheck, SourceTree,
                                           assigned_values, attrs_read, call_name, calls,
-                                          find_function, functions, names_read, receiver,
+                                          find_function, names_read, receiver,
                                           string_constants)
 
 VLLM_CONFIG = "vllm/config/vllm.py"
@@ -141,7 +141,7 @@ def default_runner(tree: SourceTree, architectures: tuple[str, ...] = REPORTED_A
         if ret is None and any(isinstance(n, ast.Return) and isinstance(n.value, ast.Constant)
                                and n.value.value is False for n in ast.walk(stmt)):
             where = "ROCm" if "is_rocm" in test else test[:60]
-            forces.append(f"{where}, for the architectures it lists (line {stmt.lineno})")
+            forces.append(f"{where} for the architectures it lists (line {stmt.lineno})")
             continue  # a nested V1 branch (ROCm's architecture list): platform-specific
         if ret is not False:
             continue  # branches forcing V2 for special configurations (PCP, DSpark, diffusion)
@@ -181,11 +181,11 @@ def _waits_on_accepted(c: ast.Call, mod: ast.Module) -> bool:
     return False
 
 
-def _copies_into_input_batch(mod: ast.Module) -> list[int]:
+def _copies_into_input_batch(tree: SourceTree) -> list[int]:
     """Lines where accepted counts are written into ``self.input_batch``'s buffer: a ``copy_``
     into it, or the buffer handed to a call (the align path's post-process writes it)."""
     lines = []
-    for _, fn in functions(mod):
+    for _, fn in tree.functions_mentioning(RUNNER, "input_batch.num_accepted_tokens_cpu"):
         for c in calls(fn):
             if call_name(c) == "copy_" and "input_batch.num_accepted_tokens_cpu" in receiver(c):
                 lines.append(c.lineno)
@@ -215,7 +215,7 @@ def v1_waits_for_accepted_counts(tree: SourceTree) -> CensusCheck:
         return mk(verdict=PRESENT, line=waits[0].lineno,
                   detail=f"waits for the accepted-count copy before the first row move "
                          f"({call_name(first)}, line {first.lineno})")
-    into_batch = _copies_into_input_batch(mod)
+    into_batch = _copies_into_input_batch(tree)
     if not into_batch:
         return mk(verdict=PRESENT, line=first.lineno,
                   detail="accepted counts land in a runner-owned buffer that row moves do not touch")

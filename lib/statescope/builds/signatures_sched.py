@@ -30,7 +30,7 @@ from functools import partial
 
 from statescope.builds.census_ast import (ABSENT, NOT_APPLICABLE, PRESENT, UNKNOWN, CensusCheck,
                                           SourceTree, arg_names, assigned_values, attrs_read,
-                                          find_function, functions, names_read, string_constants)
+                                          find_function, names_read, string_constants)
 
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 MANAGERS = "vllm/v1/core/single_type_kv_cache_manager.py"
@@ -112,7 +112,8 @@ def async_allowed_with_align(tree: SourceTree) -> CensusCheck:
     mod = tree.module(VLLM_CONFIG)
     if mod is None:
         return mk(verdict=UNKNOWN, detail=tree.missing_reason(VLLM_CONFIG))
-    resolvers = [(name, fn, _async_off_branches(fn)) for name, fn in functions(mod)]
+    resolvers = [(name, fn, _async_off_branches(fn))
+                 for name, fn in tree.functions_mentioning(VLLM_CONFIG, "async")]
     resolvers = [r for r in resolvers if r[2]]
     if not resolvers:
         return mk(verdict=UNKNOWN, detail="no code in config/vllm.py turns async scheduling off")
@@ -135,7 +136,7 @@ def cpu_platform_turns_async_off(tree: SourceTree) -> CensusCheck:
     mod = tree.module(CPU_PLATFORM)
     if mod is None:
         return mk(verdict=UNKNOWN, detail=tree.missing_reason(CPU_PLATFORM))
-    for name, fn in functions(mod):
+    for name, fn in tree.functions_mentioning(CPU_PLATFORM, "async_scheduling"):
         for stmt in (n for n in ast.walk(fn) if isinstance(n, ast.Assign)):
             if isinstance(stmt.value, ast.Constant) and stmt.value.value is False and any(
                     ast.unparse(t).endswith("async_scheduling") for t in stmt.targets):

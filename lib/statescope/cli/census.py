@@ -4,7 +4,8 @@ What it does: registers ``build census`` (``add_census_subcommand``, called from
 ``statescope.cli.builds``) and prints, per build, its version, the headline (runner and H-accept),
 one row per signature (verdict, file:line, function, why) and the settings that force the V1
 runner; ``--json`` prints ``{"kind": "census", "command", "seconds", "censuses": [...]}`` and
-``--out FILE`` writes the same payload (how ``data/results/census/releases.json`` is made). With
+``--out FILE`` writes the same payload, the census cache folder written as ``<census sources>``
+(how ``data/results/census/releases.json`` is made). With
 no NAME, ``--installed`` is assumed. Exit 0 when every census ran; 2 for bad input (a path that is
 not a vLLM tree, a build not installed, a release pip cannot fetch).
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from statescope.builds.census import BuildCensus, census_many
+from statescope.builds.census_sources import sources_dir
 
 
 def _text(c: BuildCensus) -> str:
@@ -63,9 +65,10 @@ def _cmd_census(args: argparse.Namespace) -> int:
     payload = {"kind": "census", "command": _command(args),
                "seconds": round(time.perf_counter() - t0, 2),
                "censuses": [c.to_dict() for c in found]}
-    if args.out:
+    if args.out:  # a file meant to be shared: the cache folder by name, not this machine's path
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(payload, indent=1) + "\n")
+        text = json.dumps(payload, indent=1).replace(str(sources_dir()), "<census sources>")
+        Path(args.out).write_text(text + "\n")
     if args.json:
         print(json.dumps(payload, indent=1))
     else:
