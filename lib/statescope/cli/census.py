@@ -81,8 +81,8 @@ def add_census_subcommand(build_subparsers: Any) -> None:
     p = build_subparsers.add_parser(
         "census", help="which fixes of the bug family a build's sources contain (no engine)")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help="a build made by `statescope build add` (spec or install key), or a "
-                        "directory: a vLLM tree, site-packages or virtualenv")
+                   help="a build made by `statescope build add` (spec or install key), a .whl "
+                        "file, or a directory: a vLLM tree, site-packages or virtualenv")
     p.add_argument("--installed", action="store_true",
                    help="the vLLM this Python imports (the default with no NAME)")
     p.add_argument("--release", nargs="+", metavar="X.Y.Z",
