@@ -20,6 +20,7 @@
 
 # %%
 from statescope.verdict import config_matrix
+from statescope.builds import installed_brief
 from statescope.workload import preset_trace
 from statescope.records import new_run_id
 
@@ -27,7 +28,8 @@ axes = {"enable_prefix_caching": [True, False], "num_speculative_tokens": [0, 2]
         "async_scheduling": [True]}
 
 # %%
-matrix = config_matrix(axes, preset_trace("smoke"), store_root="runs", run_id=new_run_id("matrix"))
+matrix = config_matrix(axes, preset_trace("smoke"), store_root="runs", run_id=new_run_id("matrix"),
+                       census=installed_brief())
 matrix
 
 # %% [markdown]

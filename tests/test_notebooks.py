@@ -45,7 +45,7 @@ NEEDLES = {
     "01_reproduce": ("prefix_cache_engaged", "PLANTED FAULT", "corruption detected"),
     "02_config_matrix": ("ASYNC SCHEDULING FORCED OFF", "failure rate"),
     "04_where_state_diverges": ("EMULATED", "H-copy"),
-    "05_bisect_builds": ("SIMULATED",),
+    "05_bisect_builds": ("SIMULATED", "fused_conv_copy_ordered", "H-accept predicted", "cannot tell"),
     "07_teach_failure_mode": ("PASS</b> · <b>prefill state equals", "PASS</b> · <b>PLANTED poisoned"),
     "06_hypotheses": ("EMULATED (PLANTED permute_accepted)", "H-lostcopy", "tolerance units"),
     "08_gpu_h200": ("control broken", "GPUModelRunner", "0.26.0 + overlap-safe", "same_tokens",

@@ -1,7 +1,8 @@
 """Results of a bisection: the probes made, the posterior after each, the answer, and its figure.
 
 What it does: ``ProbeRecord`` is one probe (item, failures/requests, the most likely location and
-its mass after it); ``BisectResult`` holds all of them with the prior and every posterior, says
+its mass after it); ``BisectResult`` holds all of them with the prior and every posterior (and,
+for builds, each build's source census brief: ``statescope.builds.census``), says
 what the answer means for its mode, serialises to JSON (``to_dict``, what ``statescope bisect
 --json`` prints), renders an HTML table in notebooks and a Plotly heatmap of the posterior over
 the change location after every probe (``posterior_figure``).
@@ -44,6 +45,7 @@ class BisectResult:
     stopped: str
     settings: dict = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # label -> why it could not be probed
+    census: dict[str, str] = field(default_factory=dict)  # label -> the build's census brief
 
     @property
     def answer(self) -> str:
@@ -77,6 +79,7 @@ class BisectResult:
                 f"<b>{e(self.answer)}</b>, posterior mass {self.confidence:.3f}, {self.requests_used} "
                 f"requests in {len(self.probes)} probes, stopped: {e(self.stopped)}"
                 + "".join(f"<br>skipped {e(k)}: {e(v)}" for k, v in self.skipped.items())
+                + "".join(f"<br>census of {e(k)}: {e(v)}" for k, v in self.census.items() if v)
                 + "<table><tr><th>probe"
                 f"</th><th>item</th><th>failed/requests</th><th>requests so far</th><th>most likely"
                 f"</th><th>its mass</th></tr>{rows}</table></div>")

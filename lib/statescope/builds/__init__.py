@@ -21,6 +21,7 @@ install different things, or delete environments on its own.
 """
 from __future__ import annotations
 
+from statescope.builds.census import census_installed, census_for_release, installed_brief
 from statescope.builds.install import (COMMIT_INDEX, ensure_build, find_uv, list_builds, pip_config,
                                        remove_build, uv_options)
 from statescope.builds.run import (MATRIX_COLUMNS, BuildMatrix, CellResult, build_matrix,
@@ -28,7 +29,7 @@ from statescope.builds.run import (MATRIX_COLUMNS, BuildMatrix, CellResult, buil
 from statescope.builds.spec import (BUILDS_ENV, LIGHT_DEPS, PATCH_SEP, REPO, Build, BuildFailed,
                                     BuildSpec, builds_dir)
 
-__all__ = ["BUILDS_ENV", "COMMIT_INDEX", "LIGHT_DEPS", "MATRIX_COLUMNS", "PATCH_SEP", "REPO", "Build",
+__all__ = ["census_installed", "census_for_release", "installed_brief", "BUILDS_ENV", "COMMIT_INDEX", "LIGHT_DEPS", "MATRIX_COLUMNS", "PATCH_SEP", "REPO", "Build",
            "BuildFailed", "BuildMatrix", "BuildSpec", "CellResult", "build_matrix", "build_probe", "builds_dir", "ensure_build",
            "find_uv", "list_builds", "pip_config", "plant_regression", "remove_build", "run_cell",
            "uv_options"]

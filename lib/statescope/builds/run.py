@@ -4,7 +4,7 @@ What it does: ``run_cell`` runs one trigger-vs-control experiment (``statescope.
 build's own interpreter (``python -m statescope.builds run-cell REQUEST.json``; the build side is
 ``statescope.builds.cell``), writing the results store and ``cell.json``; this process never
 imports the build's vLLM. ``build_matrix`` runs cells across builds (a build that fails to install
-or run fails its row only); ``plant_regression`` adds the PLANTED regression patch from a chosen
+or run fails its row only; each row carries the build's source census, ``census``); ``plant_regression`` adds the PLANTED regression patch from a chosen
 build on; ``build_probe`` turns cells into a bisection probe (``statescope.bisect``).
 
 What it deliberately does not do: install builds itself (``statescope.builds.install``), decide
@@ -25,7 +25,8 @@ from statescope.builds.spec import REPO, BuildFailed, BuildSpec
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.tables import RecordsTable
 
-MATRIX_COLUMNS = ["build", "status", "vllm", "failed", "units", "rate", "outcome", "labels", "detail"]
+MATRIX_COLUMNS = ["build", "status", "vllm", "failed", "units", "rate", "outcome", "labels", "census",
+                  "detail"]
 
 
 @dataclass
@@ -106,6 +107,7 @@ class BuildMatrix(RecordsTable):
 
 def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildMatrix:
     """``run_cell`` for every build; a build that fails to install or run fails its row only."""
+    from statescope.builds.census import build_brief
     from statescope.verdict.stats import clopper_pearson
 
     parsed = [BuildSpec.parse(s) for s in specs]  # bad spec text is the caller's error: raise now
@@ -124,6 +126,7 @@ def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildM
             row.update(status="install failed", detail=str(exc), log=str(exc.log_path))
         except EnvironmentBroken as exc:
             row.update(status="run failed", detail=str(exc))
+        row["census"] = build_brief(spec)  # the build's source census (statescope.builds.census)
         rows.append(row)
     return BuildMatrix("experiments per build (trigger arm)", rows, MATRIX_COLUMNS)
 

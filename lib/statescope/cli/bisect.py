@@ -58,6 +58,11 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
     else:
         r = bayesian_bisect(items, probe, labels=labels, budget=args.budget,
                             confidence=args.confidence, **kw)
+    if not args.simulate:  # each build's source census beside it (statescope.builds.census)
+        from statescope.builds.census import build_brief
+
+        r.census = {args.build: build_brief(args.build)} if args.settings else {
+            label: build_brief(item) for label, item in zip(labels, items)}
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
     else:
@@ -66,6 +71,8 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
                   f"{r.labels[p.map_index]} ({p.confidence:.3f})")
         print(f"{r.answer_meaning}: {r.answer} (posterior mass {r.confidence:.3f}, "
               f"{r.requests_used} requests, stopped: {r.stopped})")
+        for label, brief in r.census.items():
+            print(f"census {label}: {brief or 'no installed environment'}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Command line of builds: ``statescope build add|list|remove`` and ``statescope matrix``.
 
-What it does: registers those subcommands (``add_build_subcommands``, called from
+What it does: registers those subcommands and ``statescope build census``
+(``statescope.cli.census``) (``add_build_subcommands``, called from
 ``statescope.cli.main``) and the options shared by commands that run experiments in builds
 (``add_cell_arguments``, also used by ``statescope bisect``).
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from statescope.builds.install import ensure_build, list_builds, remove_build
 from statescope.builds.run import build_matrix
+from statescope.cli.census import add_census_subcommand
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -38,7 +40,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
                      store_root=args.runs, installer=args.installer)
     print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else m.frame()[
-        ["build", "status", "vllm", "failed", "units", "outcome", "detail"]].to_string(index=False))
+        ["build", "status", "vllm", "failed", "units", "outcome", "census", "detail"]].to_string(index=False))
     return 0 if all(r["status"] == "ok" for r in m.rows) else 1
 
 
@@ -65,6 +67,7 @@ def add_build_subcommands(subparsers: Any) -> None:
     lst.add_argument("--json", action="store_true")
     rm = bsub.add_parser("remove", help="delete build environments")
     rm.add_argument("specs", nargs="+", help="a spec or an install key")
+    add_census_subcommand(bsub)  # statescope build census (statescope.cli.census)
     b.set_defaults(func=_cmd_build)
     m = subparsers.add_parser("matrix", help="one experiment per build; failed builds fail their row")
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")

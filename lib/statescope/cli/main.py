@@ -24,16 +24,30 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from statescope.engine.doctor import run_doctor
 
     report = run_doctor(args.model, start_engine=not args.no_engine)
+    report.census = _installed_census()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         for c in report.checks:
             print(f"{'ok ' if c.ok else 'FAIL'} {c.name:<24} {c.detail}")
+        if report.census:  # the source census of the installed build (statescope build census)
+            print("census: " + report.census["summary"].replace("; #", "\n        #", 1))
     if not report.ok:
         bad = report.first_failure
         print(f"statescope doctor: {bad.name}: {bad.detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def _installed_census() -> dict:
+    """The source census of the installed vLLM (``statescope.builds.census``); information, never
+    fatal: a census that cannot be read says why."""
+    try:
+        from statescope.builds.census import census_installed
+
+        return census_installed().to_dict()
+    except (StatescopeError, OSError, ImportError) as exc:
+        return {"summary": f"census unavailable: {exc}", "brief": None}
 
 
 def cmd_workbook(args: argparse.Namespace) -> int:

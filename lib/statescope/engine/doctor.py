@@ -5,6 +5,10 @@ then starts the real engine with prefix caching + align + MTP(2), runs a small s
 multi-step workload, and reports the resolved configuration and vLLM's counters. Each check has a
 pass/fail and one line of detail; the first failure is the one-line error the CLI prints.
 
+The report carries a census block (``census``: filled by the CLI from ``statescope.builds.census``
+over the installed vLLM's sources — a wing above this one): which fixes of the bug family the build
+contains and which runner it picks by default.
+
 What it deliberately does not do: judge corruption (that is ``statescope reproduce``); a passing
 doctor only means the trigger configuration runs and its code paths are engaged.
 """
@@ -32,6 +36,7 @@ class DoctorReport:
     resolved: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     startup_s: float | None = None
+    census: dict = field(default_factory=dict)  # BuildCensus.to_dict() of the installed vLLM
 
     @property
     def ok(self) -> bool:
@@ -43,12 +48,15 @@ class DoctorReport:
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks],
-                "resolved": self.resolved, "metrics": self.metrics, "startup_s": self.startup_s}
+                "resolved": self.resolved, "metrics": self.metrics, "startup_s": self.startup_s,
+                "census": self.census}
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{'✅' if c.ok else '❌'}</td><td>{html.escape(c.name)}</td>"
                        f"<td>{html.escape(c.detail)}</td></tr>" for c in self.checks)
         parts = [f"<table><caption>statescope doctor</caption>{rows}</table>"]
+        if self.census:
+            parts.append(f"<p><b>census</b>: {html.escape(self.census['summary'])}</p>")
         if self.resolved:
             parts.append(KeyValueTable("resolved configuration", self.resolved,
                                        {"warnings"} if self.resolved.get("warnings") else set()

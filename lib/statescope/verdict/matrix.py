@@ -5,7 +5,8 @@ What it does: ``config_matrix(axes, trace, ...)`` takes the cartesian product of
 trace through a fresh real engine per cell, labels outputs against a shared control run (the
 reference configuration by default), and returns a ``MatrixResult``: one row per cell with the
 *requested* values, the *resolved* values (two cells that resolve to the same configuration are
-flagged — the CPU platform, for instance, resolves every async setting to off), the failure rate
+flagged — the CPU platform, for instance, resolves every async setting to off), the build's
+source census brief (``census``: which fixes it contains, ``statescope.builds.census``), the failure rate
 with its Clopper–Pearson interval, and the engagement counters. ``heatmap()`` draws it (plotly).
 
 What it deliberately does not do: cross builds (``statescope.builds``, the bisection issue) or
@@ -48,6 +49,7 @@ def cell_config(base: EngineConfig, cell: dict) -> EngineConfig:
 class MatrixResult:
     rows: list[dict]
     axes: dict
+    census: str | None = None  # brief source census of the build the cells ran in
 
     def frame(self):
         import pandas as pd
@@ -55,7 +57,7 @@ class MatrixResult:
         return pd.DataFrame(self.rows)
 
     def to_dict(self) -> dict:
-        return {"axes": self.axes, "cells": self.rows}
+        return {"axes": self.axes, "cells": self.rows, "census": self.census}
 
     def heatmap(self, x: str | None = None, y: str | None = None):
         import plotly.graph_objects as go
@@ -95,14 +97,17 @@ class MatrixResult:
                 r["spec_accepted_tokens"], r["duplicate_of"] or ""]
             style = " style='background:#fff3cd'" if r["duplicate_of"] else ""
             body += f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        caption = f"<caption>build census: {html.escape(self.census)}</caption>" if self.census else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def config_matrix(axes: dict[str, list], trace: list, *, store_root: str | Path, run_id: str,
                   base: EngineConfig | None = None, control: EngineConfig | None = None,
                   control_run: ArmRun | None = None, unit: str = "episode",
-                  runner: str = "offline") -> MatrixResult:
-    """Run every cell of ``axes`` (fresh engine each) and label it against one control run."""
+                  runner: str = "offline", census: str | None = None) -> MatrixResult:
+    """Run every cell of ``axes`` (fresh engine each) and label it against one control run.
+    ``census``: the build's one-line source census to show beside the cells (the caller reads it:
+    ``statescope.builds.installed_brief()``; the builds wing sits above this one)."""
     if not axes or any(not isinstance(v, list) or not v for v in axes.values()):
         raise InputError("config_matrix axes: expected {setting: [values, ...]} with non-empty lists")
     base = base or EngineConfig()
@@ -132,4 +137,4 @@ def config_matrix(axes: dict[str, list], trace: list, *, store_root: str | Path,
                          "spec_accepted_tokens": summary.spec_accepted_tokens,
                          "duplicate_of": seen.get(resolved_key)})
             seen.setdefault(resolved_key, name)
-    return MatrixResult(rows, axes)
+    return MatrixResult(rows, axes, census=census)
