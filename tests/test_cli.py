@@ -18,7 +18,7 @@ def test_doctor_without_engine_json():
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     names = [c["name"] for c in report["checks"]]
-    assert names == ["statescope", "torch", "vllm", "model"] and report["ok"]
+    assert names == ["statescope", "torch", "vllm", "device profile", "model"] and report["ok"]
 
 
 def test_doctor_bad_model_is_one_line(tmp_path):

@@ -110,21 +110,10 @@ def _arm_run(meta: dict, records: list[dict]) -> Any:
 
 
 def engagement_metrics(metrics: dict, rows: list[dict]) -> dict:
-    """vLLM's counters, with the prefix-cache pair taken from the requests when vLLM reported none.
+    """vLLM's counters with the guard pairs from the best source (``statescope.resolved``)."""
+    from statescope.resolved import engagement_metrics as best
 
-    vLLM 0.26.0's in-process engine left ``prefix_cache_queries``/``hits`` at 0 on the H200 while
-    its own ``RequestOutput.num_cached_tokens`` showed hits (the capture's hit log agreed), so a
-    guard on the counters alone would call an engaged arm "not exercised". The substitution is
-    marked under ``prefix_cache_source``."""
-    out = dict(metrics)
-    if not out.get("prefix_cache_queries") and rows:
-        out["prefix_cache_queries"] = int(sum(r.get("prompt_tokens") or len(r.get("prompt_token_ids") or [])
-                                              for r in rows))
-        out["prefix_cache_hits"] = int(sum(r.get("num_cached_tokens") or 0 for r in rows))
-        out["prefix_cache_source"] = "RequestOutput.num_cached_tokens (vLLM reported no counters)"
-    else:
-        out["prefix_cache_source"] = "vLLM counters"
-    return out
+    return best(metrics, rows)
 
 
 def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode",
