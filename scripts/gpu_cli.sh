@@ -69,7 +69,7 @@ issue19() {  # the README's own commands on 0.26.0, side by side on the one GPU
     bg ss "repro_${first/:/-}_$ctl" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$first" \
       --control "$ctl" --runs "$R" --run-id "s${first/:/-}_$ctl" --json
   done
-  for s in ${SEEDS#* }; do  # more seed sets: the trigger's rate depends on them
+  for s in $(echo "$SEEDS" | cut -s -d' ' -f2-); do  # more seed sets: the rate depends on them
     bg ss "repro_${s/:/-}_no_async" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" \
       --control no_async --runs "$R" --run-id "s${s/:/-}_no_async" --json
   done
