@@ -258,3 +258,18 @@ def agreement_table(module: Any, device: Any = "cuda", *, geometries: dict | Non
                     total[k] = total.get(k, 0) + v
             rows.append(total)
     return rows
+
+
+def agreement_on_device(device: str = "cuda", cases: int = 20, kernel_source: str | None = None) -> dict:
+    """``{"rows": agreement_table(...)}`` for the installed vLLM's kernels on ``device`` ("cuda"),
+    or for ``kernel_source`` (another build's ``mamba_utils.py``) under Triton's interpreter on the
+    CPU (a shake-out: 8 requests a case)."""
+    if device == "cuda" and kernel_source is None:
+        from vllm.v1.worker import mamba_utils as module
+    else:
+        from statescope.gpu.racecheck import load_kernel_source
+
+        if kernel_source is None:
+            raise InputError(f"agreement_on_device: device {device!r} needs a kernel_source (a build's mamba_utils.py)")
+        module = load_kernel_source(kernel_source)
+    return {"rows": agreement_table(module, device, cases=cases, n_reqs=64 if device == "cuda" else 8)}

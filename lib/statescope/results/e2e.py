@@ -3,7 +3,7 @@
 What it does: ``collect`` turns what a device job returned (parts_X.jsonl, arms_X.jsonl, the results
 store's records.jsonl, the capture archive, the log) into the committed layout — records compacted to
 the fields the verdict reads, logs cut to their last lines — and writes ``verdicts.json`` computed by
-``statescope.gpu.e2e_arms.verdict_rows``. The readers (``arms``, ``records``, ``parts``) and the tables
+``statescope.verdict.rejudge.verdict_rows``. The readers (``arms``, ``records``, ``parts``) and the tables
 (``verdict_table``, ``overhead_table``, ``sweep_table``, ``kernel_table``, ``decision_summary``,
 ``guard_table``) work without a GPU or vLLM, for the notebook and the tests, which recompute the
 verdicts from the records and compare them with the committed file.
@@ -23,6 +23,7 @@ E2E_DIR = Path(__file__).resolve().parents[3] / "data" / "results" / "gpu" / "e2
 RECORD_FIELDS = ("run_id", "build", "config_hash", "episode", "step", "text", "output_token_ids",
                  "finish_reason", "margins", "num_cached_tokens")
 MODELS = ("tiny-gui", "tiny-gui-hd96")
+RATIO_COLUMNS = ("median_tok_s", "best_tok_s", "ratio_median", "ratio_best", "rounds")  # overhead_table
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -117,7 +118,7 @@ def records(label: str, d: Path = E2E_DIR) -> list[dict]:
 
 def verdict_table(d: Path = E2E_DIR) -> list[dict]:
     """Recompute trigger-vs-control verdicts per model from the committed records."""
-    from statescope.gpu.e2e_arms import verdict_rows
+    from statescope.verdict.rejudge import verdict_rows
 
     metas = arms(d)
     out = []
@@ -154,14 +155,14 @@ def trigger_summary(d: Path = E2E_DIR) -> list[dict]:
     degenerate outputs (``reproduce.label_rows`` without a control), valid actions, prefix-cache hits
     per request, MTP acceptance, and the copy census (in-place conv shifts on the GPU)."""
     from statescope.workload import guilang
-    from statescope.gpu.e2e_arms import _arm_run
+    from statescope.verdict.rejudge import arm_run_from_records
     from statescope.verdict.reproduce import label_rows
 
     out = []
     for m in arms(d):
         if m["arm"] != "trigger":
             continue
-        run = _arm_run(m, records(m["label"], d))
+        run = arm_run_from_records(m, records(m["label"], d))
         labels = label_rows(run, None, action_validator=guilang.is_valid_action)
         cap = (m.get("after") or {}).get("capture") or {}
         met = run.metrics
@@ -187,7 +188,7 @@ def trigger_summary(d: Path = E2E_DIR) -> list[dict]:
 
 def overhead_table(d: Path = E2E_DIR) -> list[dict]:
     """Capture overhead per model from the raw timed rounds (ratios recomputed here)."""
-    from statescope.gpu.e2e_arms import overhead_ratios
+    from statescope.capture.overhead import overhead_ratios
 
     sources = [(m["label"], (m.get("after") or {}).get("overhead")) for m in arms(d) if m["arm"] == "trigger"]
     names = sorted({p["part"] for p in parts(d) if p["part"].startswith("large_overhead")})
@@ -206,7 +207,7 @@ def overhead_table(d: Path = E2E_DIR) -> list[dict]:
             host = [x["capture_host_s"] / x["engine_steps"] for x in rows
                     if x.get("capture_host_s") is not None and x.get("engine_steps")]
             wall = [x["seconds"] / x["engine_steps"] for x in rows if x.get("engine_steps")]
-            out.append({"model": label, "mode": mode, **r,
+            out.append({"model": label, "mode": mode, **{k: r[k] for k in RATIO_COLUMNS},
                         "capture_host_ms_per_step": 1e3 * sum(host) / len(host) if host else None,
                         "captured_round_ms_per_step": 1e3 * sum(wall) / len(wall) if wall else None})
     return out
@@ -281,10 +282,10 @@ def bisect_result(d: Path = E2E_DIR) -> Any:
 
 def localization(d: Path = E2E_DIR) -> dict:
     """``localization.json``: where the compiled trigger's captured states first depart from the
-    float64 oracle, and the exact conv-window continuity check (scripts/gpu_localize.py)."""
+    float64 oracle, and the exact conv-window continuity check (``statescope localize``)."""
     path = Path(d) / "localization.json"
     if not path.is_file():
-        raise InputError(f"{path}: missing (written by scripts/gpu_localize.py)")
+        raise InputError(f"{path}: missing (written by ``statescope localize``)")
     return json.loads(path.read_text())
 
 
