@@ -137,9 +137,9 @@ def test_round1_results_stay_readable_beside_round2():
 
 def test_localization_agrees_with_the_records_and_is_one_mechanism():
     """``statescope localize``'s committed result (made by scripts/gpu_localize.py before it), checked
-    against the records and itself: the
-    requests it calls divergent are the ones whose text left the control; every continuity break is
-    a moved batch row in a batch with prefill rows; the departing requests all depart there."""
+    against the records and itself: the requests it calls divergent are the ones whose text left the
+    control; every continuity break is a moved batch row in a batch with prefill rows; the departing
+    requests all depart there."""
     loc = gpu_results.localization()
     on_off = gpu_results.capture_on_off()
     div = sorted((r["episode"], r["step"]) for r in loc["requests"] if r["divergent"])

@@ -259,6 +259,14 @@ def workload_prompts(workload: str, block_size: int, vocab: int, gui_shape: dict
     raise InputError(f"workload {workload!r}: expected one of {WORKLOADS}")
 
 
+def runner_prompts(runner: Any, workload: str, gui_shape: dict | None = None) -> list:
+    """``workload_prompts`` for the engine behind ``runner``: its resolved Mamba block size (the
+    block size when none) and its tokenizer's vocabulary."""
+    resolved = runner.resolved()
+    block_size = int(resolved.get("mamba_block_size") or resolved.get("block_size"))
+    return workload_prompts(workload, block_size, runner.engine.llm.get_tokenizer().vocab_size, gui_shape)
+
+
 def probe_workloads(runner: Any, *, workloads: Iterable[str] = ("decode",),
                     modes: Iterable[str] = ("off", "digest"), rounds: int = 6, max_tokens: int = 160,
                     gui_max_tokens: int = 64, gui_shape: dict | None = None,
@@ -272,16 +280,13 @@ def probe_workloads(runner: Any, *, workloads: Iterable[str] = ("decode",),
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad or not workloads:
         raise InputError(f"workloads: expected some of {WORKLOADS}, got {list(workloads)}")
-    resolved = runner.resolved()
-    block_size = int(resolved.get("mamba_block_size") or resolved.get("block_size"))
-    vocab = runner.engine.llm.get_tokenizer().vocab_size
     out: dict = {}
     for i, wl in enumerate(workloads):
         stop_at = None
         if deadline is not None:  # a fair share of what is left, less what the next one needs
             share = time.time() + (deadline - time.time()) / (len(workloads) - i)
             stop_at = share - (60 if i == len(workloads) - 1 else 10)
-        prompts = workload_prompts(wl, block_size, vocab, gui_shape)
+        prompts = runner_prompts(runner, wl, gui_shape)
         mt = gui_max_tokens if wl == "gui" else max_tokens
         rows = overhead_rounds(runner, prompts, modes=modes, rounds=rounds, max_tokens=mt,
                                output_dir=output_dir, label=wl, stop_at=stop_at)

@@ -44,10 +44,9 @@ def _block_size(resolved: dict) -> int:
 def arm_overhead(runner: Any, *, rounds: int = 5, max_tokens: int = 64,
                  output_dir: str | os.PathLike | None = None) -> dict:
     """Capture off vs digest on ``runner``'s engine: the decode workload's rows and ratios."""
-    from statescope.capture.overhead import overhead_ratios, overhead_rounds, workload_prompts
+    from statescope.capture.overhead import overhead_ratios, overhead_rounds, runner_prompts
 
-    vocab = runner.engine.llm.get_tokenizer().vocab_size
-    prompts = workload_prompts("decode", _block_size(runner.resolved()), vocab)
+    prompts = runner_prompts(runner, "decode")
     rows = overhead_rounds(runner, prompts, rounds=rounds, max_tokens=max_tokens,
                            output_dir=output_dir or Path(tempfile.gettempdir()) / "statescope_overhead")
     return {"rows": rows, "ratios": overhead_ratios(rows), "prompts": len(prompts),
@@ -95,8 +94,9 @@ def archive_capture(run_dir: str | os.PathLike, out: Path, label: str,
 def run_e2e_arm(model: str, arm_name: str, *, out: str | os.PathLike, label: str, job: str,
                 seeds: int = 6, episodes: int | None = None, patches: Sequence[str] = (),
                 capture: bool = False, sweep: bool = False, overhead: bool = False,
-                gpu: bool = True, eager: bool = False) -> dict:
-    """Run arm ``arm_name`` of ``e2e_arms(model)`` (see the module docstring); returns its meta."""
+                gpu: bool = True, eager: bool = False, model_label: str | None = None) -> dict:
+    """Run arm ``arm_name`` of ``e2e_arms(model)`` (see the module docstring); returns its meta, in
+    which the model is named ``model_label`` (default: ``model`` as given; no machine paths)."""
     from statescope.engine.config import model_path
     from statescope.errors import InputError
     from statescope.gpu import e2e_arms
@@ -140,7 +140,7 @@ def run_e2e_arm(model: str, arm_name: str, *, out: str | os.PathLike, label: str
         return res
 
     meta = e2e_arms.run_one_arm(arms[arm_name], trace, str(out / "store"), f"e2e_{label}", after=after)
-    meta["label"], meta["model"], meta["patches"] = label, model, list(patches)
+    meta["label"], meta["model"], meta["patches"] = label, model_label or str(model), list(patches)
     append_jsonl(out / f"arms_{job}.jsonl", meta)
     return meta
 

@@ -1,16 +1,20 @@
-"""Where the capture's host time goes, by name: a profiled digest round and a CUDA sync check.
+"""The capture-overhead probe of one engine: timed rounds per workload, then where the host time goes.
 
-What it does: ``profile_round`` serves one batch under digest capture with ``cProfile`` on the
-calling thread (the engine's, in-process) and lists statescope's functions by own time, then the
-functions outside statescope that statescope's capture code calls (torch ops, numpy, pickle) with
-the own time spent on its behalf — so the in-step host cost of ``statescope.capture.overhead``'s
-ratios has names. ``sync_round`` serves one batch under digest capture with
-``torch.cuda.set_sync_debug_mode("warn")`` and counts every synchronizing CUDA call whose Python
-stack passes through statescope, with one stack each (a sync in a hook would cancel async
-scheduling's overlap, which a host-time clock does not show).
+What it does: ``probe_engine`` runs ``statescope.capture.overhead.probe_workloads`` (interleaved
+timed rounds per capture mode, for the ``decode`` and/or ``gui`` workloads) and, time allowing,
+``profile_round`` and ``sync_round``, and returns one JSON-able document (the format of
+``overhead_probe.json`` per engine, and of ``statescope capture-overhead --json``).
+``profile_round`` serves one batch under digest capture with ``cProfile`` on the calling thread
+(the engine's, in-process) and lists statescope's functions by own time, then the functions outside
+statescope that statescope's capture code calls (torch ops, numpy, pickle) with the own time spent
+on its behalf — so the in-step host cost behind a ratio has names. ``sync_round`` serves one batch
+under digest capture with ``torch.cuda.set_sync_debug_mode("warn")`` and counts every synchronizing
+CUDA call whose Python stack passes through statescope, with one stack each (a sync in a hook would
+cancel async scheduling's overlap, which a host-time clock does not show).
 
-What it deliberately does not do: time rounds for a ratio (a profiled round is slower; use
-``overhead_rounds``), or run ``sync_round`` without CUDA (the debug mode is CUDA's).
+What it deliberately does not do: start engines (``statescope.gpu.e2e_run.large_hybrid_runner``,
+``statescope capture-overhead``), time a ratio from a profiled round (it is slower), or run
+``sync_round`` without CUDA (the debug mode is CUDA's).
 """
 from __future__ import annotations
 
@@ -18,12 +22,13 @@ import cProfile
 import os
 import pstats
 import tempfile
+import time
 import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
-from statescope.capture.overhead import spec_for
+from statescope.capture.overhead import probe_workloads, runner_prompts, spec_for
 
 # statescope modules that call into vLLM itself (the hooks call the wrapped originals; the runners
 # call generate): time they "spend" on callees is vLLM's, not the capture's
@@ -102,3 +107,29 @@ def sync_round(runner: Any, prompts: list, max_tokens: int, *,
     finally:
         recorder.uninstall()
     return {"statescope_sync_sites": hits, "stacks": stacks}
+
+
+def probe_engine(runner: Any, *, workloads: tuple = ("decode",), modes: tuple = ("off", "digest"),
+                 rounds: int = 6, max_tokens: int = 160, gui_max_tokens: int = 64,
+                 gui_shape: dict | None = None, deadline: float | None = None,
+                 output_dir: str | os.PathLike | None = None, profile: bool = True, sync: bool = True,
+                 on_workload: Any = None) -> dict:
+    """``{"workloads": {...}, <the first workload's part>, "profile", "sync", "metrics"}``: the
+    first workload stays at the top level (as the probe files before workloads had it); the profile
+    (40 s before ``deadline``) and sync (30 s before, CUDA only) rounds use the last workload's
+    prompts."""
+    import torch
+
+    res: dict = {"workloads": probe_workloads(
+        runner, workloads=workloads, modes=modes, rounds=rounds, max_tokens=max_tokens,
+        gui_max_tokens=gui_max_tokens, gui_shape=gui_shape, deadline=deadline, output_dir=output_dir,
+        on_workload=on_workload)}
+    res.update(res["workloads"][workloads[0]])
+    prompts = runner_prompts(runner, workloads[-1], gui_shape)
+    if profile and (deadline is None or time.time() < deadline - 40):
+        res["profile"] = profile_round(runner, prompts, max_tokens, output_dir=output_dir)
+    if sync and torch.cuda.is_available() and (deadline is None or time.time() < deadline - 30):
+        res["sync"] = sync_round(runner, prompts, max_tokens, output_dir=output_dir)
+    res["metrics"] = runner.metrics()
+    return res
+
