@@ -139,7 +139,15 @@ def run_e2e_arm(model: str, arm_name: str, *, out: str | os.PathLike, label: str
             res["overhead"] = arm_overhead(runner)
         return res
 
-    meta = e2e_arms.run_one_arm(arms[arm_name], trace, str(out / "store"), f"e2e_{label}", after=after)
+    try:
+        meta = e2e_arms.run_one_arm(arms[arm_name], trace, str(out / "store"), f"e2e_{label}", after=after)
+    finally:  # an arm that failed must not leave capture on for the next engine of this process
+        if capture:
+            from statescope.capture import recorder
+
+            os.environ.pop("STATESCOPE_CAPTURE", None)
+            if recorder.active() is not None:
+                recorder.uninstall()
     meta["label"], meta["model"], meta["patches"] = label, model_label or str(model), list(patches)
     append_jsonl(out / f"arms_{job}.jsonl", meta)
     return meta
