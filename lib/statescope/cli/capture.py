@@ -169,6 +169,7 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
     from statescope.capture.overhead import check_modes
     from statescope.capture.overhead_probe import probe_engine
     from statescope.cli.reproduce import _config_overrides
+    from statescope.errors import InputError
     from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.runners import OfflineRunner
 
@@ -180,11 +181,24 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
 
         overrides = {"enforce_eager": False, "async_scheduling": True,
                      "extra": dict(gpu_extra(), **overrides.pop("extra", {})), **overrides}
-    config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
     out_dir = args.capture_dir or tempfile.mkdtemp(prefix="statescope-overhead-")
     deadline = time.time() + args.budget_s if args.budget_s else None
-    with OfflineRunner(config) as runner:
-        result = {"model": str(config.model), "modes": list(modes),
+    if args.random_hybrid:  # a random-weight hybrid of the H200 probes (dummy weights; --set ignored)
+        from statescope.engine.config import MODELS_DIR
+        from statescope.gpu.e2e_run import LARGE_SIZES, large_hybrid_runner
+
+        if args.random_hybrid not in LARGE_SIZES or args.model or args.set:
+            raise InputError(f"--random-hybrid {args.random_hybrid!r}: expected one of {sorted(LARGE_SIZES)}, "
+                             "without --model or --set (the hybrid's configuration is the probes')")
+        runner, facts = large_hybrid_runner(MODELS_DIR / "tiny-gui", cpu=not args.gpu,
+                                            **LARGE_SIZES[args.random_hybrid])
+        facts.pop("resolved")
+    else:
+        config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
+        runner, facts = OfflineRunner(config), {}
+    with runner:
+        result = {"model": args.random_hybrid and f"random hybrid {args.random_hybrid}" or str(runner.config.model),
+                  "modes": list(modes), **facts,
                   "resolved": {k: runner.resolved().get(k) for k in (
                       "vllm_version", "enforce_eager", "async_scheduling", "enable_prefix_caching",
                       "mamba_cache_mode", "mamba_block_size", "num_speculative_tokens")},
@@ -210,7 +224,8 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
                       f"{s.get('paired_ratio_median', float('nan')):.3f}"
                       + (f" [{ci['lo']:.3f}, {ci['hi']:.3f}]" if ci else "")
                       + (f", capture host {s['capture_host_ms_per_step']:.2f} ms/step"
-                         if "capture_host_ms_per_step" in s else ""))
+                         if "capture_host_ms_per_step" in s else "")
+                      + (f", capture CPU share {s['capture_cpu_share']:.3f}" if "capture_cpu_share" in s else ""))
         for p in problems:
             print(f"statescope capture-overhead: {p}")
     return 1 if problems else 0
@@ -233,6 +248,9 @@ def add_capture_overhead_subcommand(subparsers: Any) -> None:
     p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override an EngineConfig field of the (trigger) configuration (repeatable)")
     p.add_argument("--gpu", action="store_true", help="compiled, CUDA graphs, async scheduling (the H200 setting)")
+    p.add_argument("--random-hybrid", default=None, metavar="SIZE",
+                   help="instead of --model: the H200 probes' random-weight hybrid, 1p3b or 7b (for a GPU; "
+                        "without --gpu a 4 x 256 hybrid whose 2,176-token blocks make CPU rounds take minutes)")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting rounds after this long")
     p.add_argument("--profile", action="store_true", help="add one cProfile'd digest round (names the host cost)")
     p.add_argument("--sync-check", action="store_true",

@@ -10,7 +10,9 @@ The items are ordered builds: ``0.26.0`` (vLLM's ``batch_memcpy``), ``0.26.0 + o
 copy (torch clone-then-copy, correct by construction) as the known-good end. ``decide_builds`` runs
 ``bayesian_bisect`` in find-fix mode over them: the answer is the first build whose failure rate
 dropped, with the probes and the posterior; answer = the patched build means "the patch fixes it".
-``build_verdicts`` adds per-build counts with Clopper-Pearson intervals.
+``build_verdicts`` adds per-build counts with Clopper-Pearson intervals. ``decide_on_device`` wires
+the three copy functions for the installed vLLM (or a build's ``mamba_utils.py`` under Triton's
+interpreter) and returns the decision, the counts and the oracle's log, JSON-able.
 
 What it deliberately does not do: install builds (both builds are the one installed vLLM, with and
 without the runtime patch) or probe the fused kernels (the patch does not cover them).

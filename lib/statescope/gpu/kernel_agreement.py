@@ -9,7 +9,9 @@ inputs through ``postprocess_mamba_fused_kernel`` (or ``precopy_mamba_align_fuse
 build — on the GPU for real, or under Triton's interpreter on the CPU — and through
 ``statescope.patches.cpu_kernels`` on CPU copies, then compares every state byte and the accepted-count
 output, and lists each copy the CPU side made with whether the build's bytes match it.
-``agreement_table`` runs many cases and summarises per geometry, kernel and copy kind.
+``agreement_table`` runs many cases and summarises per geometry, kernel and copy kind;
+``agreement_on_device`` runs it for the installed vLLM on a GPU, or for a build's ``mamba_utils.py``
+under Triton's interpreter (the device job's part and its CPU shake-out).
 
 Adapter (the seam): ``statescope.patches.cpu_kernels`` is written against vLLM 0.28.0's parameter list;
 0.26.0's kernels lack ``TEMPORAL_TILES`` (and its pre-copy lacks ``HAS_IDX_MAPPING``), so the two
