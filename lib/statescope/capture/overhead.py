@@ -96,13 +96,13 @@ def timed_round(runner: Any, prompts: list, mode: str, *, run_id: str, max_token
     spec = spec_for(mode, run_id, output_dir)
     clock = None
     graph_env = os.environ.get(ENV_GRAPH)
-    if spec is not None:
-        os.environ[ENV_GRAPH] = "0" if mode == "digest_eager" else "1"  # read when the run starts
-        rec = recorder.install(spec)
-        clock = CaptureClock()
-        CLOCK[:] = [clock]  # the flusher's emission is timed through this list
-        clock.attach(rec)
     try:
+        if spec is not None:
+            os.environ[ENV_GRAPH] = "0" if mode == "digest_eager" else "1"  # read when the run starts
+            rec = recorder.install(spec)
+            clock = CaptureClock()
+            CLOCK[:] = [clock]  # the flusher's emission is timed through this list
+            clock.attach(rec)
         runner.reset_prefix_cache()
         t0, c0 = time.perf_counter(), time.process_time()
         outputs = runner.generate(prompts, max_tokens=max_tokens, logprobs=0, ignore_eos=True)
@@ -118,10 +118,10 @@ def timed_round(runner: Any, prompts: list, mode: str, *, run_id: str, max_token
             row["by_name_ms"] = {k: round(v * 1e3, 2) for k, v in sorted(clock.by_name.items())}
             if count_close:
                 row["seconds"] = seconds + row["close_s"]
-            if dirs:
-                row.update(_run_facts(Path(dirs[-1]), mode))
-        row["cpu_seconds"] = time.process_time() - c0
+        row["cpu_seconds"] = time.process_time() - c0  # before the run is read back below
         row["close_counted"] = bool(count_close and clock is not None)
+        if clock is not None and dirs:
+            row.update(_run_facts(Path(dirs[-1]), mode))
     finally:
         CLOCK[:] = []
         if spec is not None:

@@ -1,4 +1,4 @@
-"""Localize where a run's captured GDN states first depart from a clean reference, from the capture alone.
+"""Localize where a trigger run's captured GDN states first depart from a clean reference.
 
 Inputs: a digest-mode capture of the trigger run (directory or tarball), the trigger's records with
 full prompt/output token ids, a control arm's records (which requests' text departed) and the model
@@ -121,7 +121,8 @@ def _open_capture(capture: str | os.PathLike, scratch: str | os.PathLike | None)
 
 def _select(trigger: list[dict], first_diff: dict, req_of: dict, shift_reqs: set, clean: int,
             shift_probes: int) -> tuple[list[str], list[str], list[str]]:
-    """(divergent, clean-calibration, shift-probe) prompt shas, each in capture request-id order."""
+    """(divergent, clean-calibration, shift-probe) prompt shas: the divergent ones in record order,
+    the others in capture request-id order."""
     from statescope.workload.trace import prompt_sha
 
     by_sha = {prompt_sha(r["prompt_token_ids"]): r for r in trigger}
@@ -252,7 +253,7 @@ def _document(run: Any, trigger: list[dict], control: list[dict], model: str, cl
     from statescope.diverge.conv_continuity import conv_shift_check, inplace_shift_bias
     from statescope.diverge.hypotheses import hypothesis_table, run_context
     from statescope.diverge.localize_oracle import gdn_layers, oracle_frame
-    from statescope.diverge.noise import in_units
+    from statescope.diverge.noise import FLOOR_REL, in_units
     from statescope.workload.trace import prompt_sha
 
     steps, dig = run.steps(), run.digests()
@@ -312,16 +313,10 @@ def _document(run: Any, trigger: list[dict], control: list[dict], model: str, cl
     table = hypothesis_table([x["first_oracle_departure"] for x in results if x["divergent"]],
                              run_context(run), continuity=cont)
     req_div = {req_of[s]: first_diff[s] is not None for s in first_diff}
-    tolerance = {"margin": tol.margin, "floor_rel": _floor_rel(), "calibrated_on": [req_of[s] for s in calib],
+    tolerance = {"margin": tol.margin, "floor_rel": dict(FLOOR_REL), "calibrated_on": [req_of[s] for s in calib],
                  "layers": tol.table.to_dict(orient="records")}
     return {"tolerance": tolerance, "continuity": _continuity_summary(cont, bias, dig, layers, req_div),
             "requests": results, "hypotheses": table.to_dict()}
-
-
-def _floor_rel() -> dict:
-    from statescope.diverge.noise import FLOOR_REL
-
-    return dict(FLOOR_REL)
 
 
 def localize(trigger: list[dict], control: list[dict], capture: str | os.PathLike, model: str | os.PathLike,
