@@ -7,7 +7,8 @@ then writes ``verdicts.json`` (``gpu_results.verdict_table``: recomputed from th
 ``reproduce.label_rows``/``summarize_arm`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
 counters, kernel agreement, the build decision, overhead) and ``manifest.json`` (versions, GPU and
 driver read from the jobs' environment parts, plus the commands and device seconds given in
-``--manifest-extra``).
+``--manifest-extra``; ``statescope.share.envmanifest.device_manifest``). Run with the package importable
+(the venv's ``statescope``, or ``PYTHONPATH=lib``).
 """
 from __future__ import annotations
 
@@ -16,12 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-
 
 def main() -> int:
     from statescope.results import e2e as gr
     from statescope.results import files
+    from statescope.share.envmanifest import device_manifest
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("returned", nargs="*")
@@ -40,10 +40,7 @@ def main() -> int:
     env = [x["result"] for x in files.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
     if not env:
         raise SystemExit("no environment part in the returned files")
-    e = env[-1]
-    manifest = {"vllm": e["vllm"], "torch": e["torch"], "triton": e["triton"], "python": e["python"],
-                "gpu": e["gpu"], "gpu_mem_mib": e["gpu_mem_mib"], "sms": e["sms"], "cuda": e["cuda"],
-                "driver": e["nvidia_smi"].split(", ")[1], "nvidia_smi": e["nvidia_smi"]}
+    manifest = device_manifest(env[-1])
     manifest.update(json.loads(Path(a.manifest_extra).read_text()))
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(gr.verdict_table(), indent=1))

@@ -1,10 +1,10 @@
 """Run the H-copy kernel race probe on a CUDA machine with real vLLM and write small result files.
 
-What it does: records the environment (torch, vLLM, Triton, GPU, driver, the sha256 of vLLM's
-mamba_utils.py), then probes vLLM's ``batch_memcpy`` with left-overlapping copies for a byte-shift
-sweep and for the tiny model's and Qwen3.5-27B's (TP 1/2/4) in-place conv shifts, once unpatched and
-once with ``statescope.patches.overlap_safe`` installed, and drives the fused post-process kernel with
-in-place shifts for several row sizes. Writes OUT/racecheck.json (environment + every row),
+What it does: records the environment (``statescope.share.envmanifest.device_environment``: torch,
+vLLM, Triton, GPU, driver, the sha256 of vLLM's mamba_utils.py), then probes vLLM's ``batch_memcpy``
+with left-overlapping copies for a byte-shift sweep and for the tiny model's and Qwen3.5-27B's
+(TP 1/2/4) in-place conv shifts, once unpatched and once with ``statescope.patches.overlap_safe``
+installed, and drives the fused post-process kernel with in-place shifts for several row sizes. Writes OUT/racecheck.json (environment + every row),
 OUT/racecheck.csv (the table) and OUT/racecheck.log. The JSON is rewritten after every probe, so a
 run cut short still returns what it measured.
 
@@ -14,10 +14,8 @@ Usage (on the device, after the vLLM install):  python3 scripts/gpu_racecheck.py
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
-import subprocess
 import sys
 import time
 import traceback
@@ -25,6 +23,7 @@ from pathlib import Path
 
 import statescope  # noqa: F401  (before torch/vLLM)
 from statescope.gpu import racecheck as rc
+from statescope.share.envmanifest import device_environment
 from statescope.patches.overlap_safe import install_overlap_safe_copy, uninstall_overlap_safe_copy
 
 # Fused-kernel geometries: (name, row_bytes, state_len). Rows below the kernel's tile can race
@@ -45,23 +44,6 @@ FUSED_GEOMETRIES_MORE = [
     ("fused row4096", 4096, 5),
     ("fused row6144", 6144, 5),
 ]
-
-
-def environment() -> dict:
-    import torch
-    import triton
-    import vllm
-    from vllm.v1.worker import mamba_utils
-
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                          "--format=csv,noheader"], capture_output=True, text=True)
-    src = Path(mamba_utils.__file__).read_bytes()
-    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "vllm": vllm.__version__,
-            "triton": triton.__version__, "python": sys.version.split()[0],
-            "gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi.stdout.strip(),
-            "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-            "mamba_utils_sha256": hashlib.sha256(src).hexdigest()}
 
 
 def main() -> int:
@@ -86,7 +68,7 @@ def main() -> int:
         log.flush()
 
     mamba_utils = rc.require_cuda()
-    env = environment()
+    env = device_environment()
     say(json.dumps(env))
     classes = rc.sweep_shift_classes() + rc.preset_shift_classes("tiny", 1)
     classes += [c for tp in (1, 2, 4) for c in rc.preset_shift_classes("qwen35-27b", tp)]

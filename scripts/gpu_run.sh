@@ -141,16 +141,8 @@ fi
 python3 scripts/gpu_racecheck.py --out "$out" --copies 100000 --fused-reqs 100000
 job_rc=$?
 
-# The CLI entry as the lead wires it (statescope racecheck ...), through its own parser here.
-python3 - racecheck --preset tiny --copies 100000 --json >"$out/cli_tiny.json" 2>"$out/cli_tiny.err" <<'PY'
-import argparse, sys
-import statescope  # noqa: F401
-from statescope.gpu.racecheck import add_racecheck_subcommand
-p = argparse.ArgumentParser(prog="statescope")
-add_racecheck_subcommand(p.add_subparsers(dest="command", required=True))
-a = p.parse_args(sys.argv[1:])
-sys.exit(a.func(a))
-PY
+# The CLI entry (statescope racecheck): the package's own command line, from the tree on PYTHONPATH.
+python3 -m statescope.cli.main racecheck --preset tiny --copies 100000 --json >"$out/cli_tiny.json" 2>"$out/cli_tiny.err"
 cli_rc=$?
 echo "gpu_racecheck.py exit $job_rc; statescope racecheck --preset tiny exit $cli_rc" | tee "$out/exit_codes.txt"
 exit $job_rc

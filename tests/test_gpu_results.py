@@ -14,11 +14,12 @@ import math
 
 import pytest
 
+from statescope.capture.overhead import overhead_ratios
 from statescope.gpu import build_decision as gpu_decision
-from statescope.gpu import e2e_arms as gpu_e2e
 from statescope.models import gpu_models
 from statescope.results import e2e as gpu_results
 from statescope.results import files
+from statescope.workload.token_prompts import sweep_prompts
 from statescope.errors import InputError
 
 E2E = gpu_results.E2E_DIR
@@ -136,9 +137,10 @@ def test_round1_results_stay_readable_beside_round2():
 
 
 def test_localization_agrees_with_the_records_and_is_one_mechanism():
-    """scripts/gpu_localize.py's committed result, checked against the records and itself: the
-    requests it calls divergent are the ones whose text left the control; every continuity break is
-    a moved batch row in a batch with prefill rows; the departing requests all depart there."""
+    """``statescope localize``'s committed result (made by scripts/gpu_localize.py before it), checked
+    against the records and itself: the requests it calls divergent are the ones whose text left the
+    control; every continuity break is a moved batch row in a batch with prefill rows; the departing
+    requests all depart there."""
     loc = gpu_results.localization()
     on_off = gpu_results.capture_on_off()
     div = sorted((r["episode"], r["step"]) for r in loc["requests"] if r["divergent"])
@@ -244,11 +246,11 @@ def test_oracle_rejects_unknown_build():
 def test_overhead_ratios_and_sweep_prompts():
     rows = [{"mode": "off", "round": i, "seconds": 1.0, "tokens": 100} for i in range(3)] + \
         [{"mode": "digest", "round": i, "seconds": s, "tokens": 100} for i, s in enumerate((2.0, 1.25, 4.0))]
-    r = gpu_e2e.overhead_ratios(rows)["digest"]
+    r = overhead_ratios(rows)["digest"]
     assert r["ratio_median"] == pytest.approx(0.5) and r["ratio_best"] == pytest.approx(0.8)
     with pytest.raises(InputError):
-        gpu_e2e.overhead_ratios(rows[3:])
-    prompts = gpu_e2e.sweep_prompts(16, 100, blocks=(1, 2), offsets=(0, 3))
+        overhead_ratios(rows[3:])
+    prompts = sweep_prompts(16, 100, blocks=(1, 2), offsets=(0, 3))
     assert [len(p) for _, _, p in prompts] == [16, 19, 32, 35]
 
 

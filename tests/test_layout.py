@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "lib" / "statescope"
-WINGS = ("workload", "patches", "capture", "engine", "verdict", "diverge", "bisect", "builds",
-         "gpu", "results", "models", "teach", "share", "cli")
-BASE = {"errors", "tables", "records", "resolved", "wings"}  # shared by every wing
+# LAYOUT.md's order, but for models: the GPU arms build random hybrids (gpu -> models), and the
+# models wing needs only engine, patches and workload, so it sits right above engine.
+WINGS = ("workload", "patches", "capture", "engine", "models", "verdict", "diverge", "bisect",
+         "builds", "gpu", "results", "teach", "share", "cli")
+BASE = {"errors", "tables", "records", "resolved", "wings", "intervals"}  # shared by every wing
 ENTRIES = {"__init__"}  # the package root (installs the CPU shims)
 # vLLM's plugin entry point installs patches and capture in every vLLM process; the in-process
 # engine calls it too: it sits between capture and engine.

@@ -132,7 +132,9 @@ def _prompt_tokens(r: dict) -> int:
 
 def engagement_metrics(metrics: dict, rows: list[dict]) -> dict:
     """``metrics`` with the guard pairs from the best source, and that source named."""
-    out = dict(metrics)
+    out = {k: 0 for k in ("prefix_cache_queries", "prefix_cache_hits", "spec_draft_tokens",
+                          "spec_accepted_tokens")}
+    out.update({k: v for k, v in metrics.items() if v is not None})
     req_hits = sum(int(r.get("num_cached_tokens") or 0) for r in rows)
     req_queries = sum(_prompt_tokens(r) for r in rows)
     if out.get("prefix_cache_hits"):

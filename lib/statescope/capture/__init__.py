@@ -10,4 +10,6 @@ __getattr__, __dir__, __all__ = public_face(__name__, {
     "CaptureSpec": "spec", "recover": "spool", "CaptureRun": "store", "QWEN35_27B": "store",
     "estimate_capture_bytes": "store", "find_runs": "store", "gdn_geometry": "store",
     "snapshot_bytes": "store",
+    "CaptureClock": "clock", "overhead_ratios": "overhead", "overhead_rounds": "overhead",
+    "timed_round": "overhead", "probe_engine": "overhead_probe",
 })

@@ -3,7 +3,8 @@ run's state first departs, in a terminal.
 
 What it does: parses the arguments, calls the library (``statescope.diverge.report``,
 ``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
-machines).
+machines). ``statescope localize`` runs ``statescope.diverge.localize`` on a trigger's digest
+capture, its records and a control's, and prints (or writes) where its states first depart.
 
 What it deliberately does not do: compare anything itself; every rule lives in ``statescope.diverge``.
 """
@@ -102,3 +103,62 @@ def add_continuity_subcommand(subparsers: Any) -> None:
     p.add_argument("--limit", type=int, default=40, help="break rows to print")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=continuity_command)
+
+
+def _repo_relative(path: str) -> str:
+    """A path as the committed results name it: repo-relative where it can be, else its name
+    (no machine paths in a document that may be committed)."""
+    from pathlib import Path
+
+    from statescope.engine.config import MODELS_DIR
+
+    root = MODELS_DIR.parents[1]
+    p = Path(path).resolve()
+    return str(p.relative_to(root)) if p.is_relative_to(root) else p.name
+
+
+def localize_command(args: argparse.Namespace) -> int:
+    """``statescope localize``: where the trigger's captured states first depart (exit 0), the
+    document written to ``--out`` when given."""
+    from pathlib import Path
+
+    from statescope.diverge.localize import brief, load_records, localize
+    from statescope.errors import InputError
+
+    trigger = load_records(args.records, args.trigger_build)
+    control = load_records(args.control, args.control_build)
+    if not control:
+        raise InputError(f"{args.control}: no records of build {args.control_build!r}")
+    doc = localize(trigger, control, args.capture, args.model, clean=args.clean,
+                   shift_probes=args.shift_probes, scratch=args.scratch,
+                   sources={"capture": _repo_relative(args.capture), "records": _repo_relative(args.records),
+                            "control": f"{_repo_relative(args.control)} ({args.control_build})",
+                            "model": _repo_relative(args.model)})
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
+    print(json.dumps(doc if args.json else brief(doc), indent=1, default=str))
+    return 0
+
+
+def add_localize_subcommand(subparsers: Any) -> None:
+    from statescope.results.e2e import E2E_DIR
+
+    p = subparsers.add_parser("localize", help="where a trigger run's captured GDN states first depart from "
+                                               "the float64 oracle (digest capture + records + model)")
+    p.add_argument("records", nargs="?", default=str(E2E_DIR / "trigger_token_ids.jsonl.gz"),
+                   help="trigger records with prompt/output token ids (default: the committed GPU run's)")
+    p.add_argument("--trigger-build", default="trigger", help="build name of the trigger records")
+    p.add_argument("--control", default=str(E2E_DIR / "records_tiny-gui.jsonl"),
+                   help="control records (raw ones, with prompt_token_ids, add the prompt check)")
+    p.add_argument("--control-build", default="no_async")
+    p.add_argument("--capture", default=str(E2E_DIR / "capture_tiny-gui.tar.gz"),
+                   help="the trigger's digest capture: a run directory or a tarball of one")
+    p.add_argument("--model", default=str(E2E_DIR.parents[2] / "models" / "tiny-gui"),
+                   help="model directory (the oracle's weights)")
+    p.add_argument("--clean", type=int, default=6, help="clean requests to calibrate the tolerance on")
+    p.add_argument("--shift-probes", type=int, default=12,
+                   help="non-divergent requests with an in-place conv shift to compare with the oracle")
+    p.add_argument("--scratch", default=None, help="where to unpack a tarball (default: a temporary folder)")
+    p.add_argument("--out", default=None, help="write the document here (JSON)")
+    p.add_argument("--json", action="store_true", help="print the whole document, not its summary")
+    p.set_defaults(func=localize_command)

@@ -1,4 +1,6 @@
-"""``statescope gpu-results [DIR] [--json]``: the committed GPU verdicts, re-derived, in a terminal.
+"""``statescope gpu-results``, ``gpu-arm`` and ``racecheck``: the GPU verdicts, re-derived and run.
+
+``statescope gpu-results [DIR] [--json]``: the committed GPU verdicts, re-derived, in a terminal.
 
 What it does: for a results folder written by ``gpu_results.collect`` (default: round 3,
 ``data/results/gpu/e2e_round3/``) it recomputes the trigger-vs-control verdicts from the records
@@ -9,8 +11,12 @@ probes (``overhead_round5``, ``overhead_round6``) the throughput ratios and the 
 (``statescope.results.overhead``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
 it), 0 otherwise, 2 for a folder that is not a results folder.
 
-What it deliberately does not do: run anything (``statescope reproduce`` runs arms), or read the
-capture archives (``statescope continuity`` / ``diverge`` do).
+``statescope gpu-arm`` runs one of those arms (``statescope.gpu.e2e_run.run_e2e_arm``: trigger or a
+control on a model, with capture, prefix sweep and capture overhead on request) into a results
+folder, as the device jobs do; ``statescope racecheck`` probes the copy kernel.
+
+What it deliberately does not do: judge while running (``gpu-results`` re-judges the stored records),
+or read the capture archives (``statescope continuity`` / ``diverge`` / ``localize`` do).
 """
 from __future__ import annotations
 
@@ -145,3 +151,39 @@ def racecheck_command(args: argparse.Namespace) -> int:
     else:
         print(table.to_string(index=False), file=sys.stdout)
     return 1 if int(table.loc[~table["patched"], "corrupted"].sum()) else 0
+
+
+def gpu_arm_command(args: argparse.Namespace) -> int:
+    """``statescope gpu-arm``: one end-to-end arm into ``--out`` (records, meta, capture archive)."""
+    from statescope.gpu.e2e_run import run_e2e_arm
+
+    meta = run_e2e_arm(args.model, args.arm, out=args.out, label=args.label, job=args.job,
+                       seeds=args.seeds, episodes=args.episodes, patches=args.patch or (),
+                       capture=args.capture, sweep=args.sweep, overhead=args.overhead,
+                       gpu=not args.cpu, eager=args.eager)
+    brief = {k: meta[k] for k in ("arm", "key", "label", "model", "startup_s", "workload_s", "wall_s")}
+    print(json.dumps(dict(brief, metrics=meta["metrics"]) if args.json else brief, indent=2, default=str))
+    return 0
+
+
+def add_gpu_arm_subcommand(subparsers: Any) -> None:
+    from statescope.verdict.rejudge import CONTROLS
+
+    p = subparsers.add_parser("gpu-arm", help="one end-to-end arm of the GPU verdicts (trigger or a control) "
+                                              "into a results folder; gpu-results re-judges them")
+    p.add_argument("--model", required=True, help="model directory or name under data/models")
+    p.add_argument("--arm", required=True, choices=("trigger",) + CONTROLS)
+    p.add_argument("--label", required=True, help="the model's label in the results (records_<label>.jsonl)")
+    p.add_argument("--out", required=True, help="results folder (store/, arms_<job>.jsonl, capture archive)")
+    p.add_argument("--job", default="cli", help="names arms_<job>.jsonl (one per device job)")
+    p.add_argument("--seeds", type=int, default=6, help="seeds of the 'long' GUI-agent preset")
+    p.add_argument("--episodes", type=int, default=None, help="episodes per seed (default: all)")
+    p.add_argument("--patch", action="append",
+                   help="statescope runtime patch (statescope.patches.registry), repeatable")
+    p.add_argument("--capture", action="store_true", help="digest capture on (summary + archive)")
+    p.add_argument("--sweep", action="store_true", help="prefix-cache hit sweep on the arm's engine")
+    p.add_argument("--overhead", action="store_true", help="capture off vs digest rounds on the arm's engine")
+    p.add_argument("--cpu", action="store_true", help="the CPU build (eager, no GPU settings)")
+    p.add_argument("--eager", action="store_true", help="enforce_eager on a GPU (no CUDA graphs)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=gpu_arm_command)

@@ -128,15 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
     # one module per command family; each registers its own subcommands
     from statescope.cli.bisect import add_bisect_subcommands
     from statescope.cli.builds import add_build_subcommands, add_releases_subcommand
-    from statescope.cli.capture import add_capture_subcommands
-    from statescope.cli.diverge import add_continuity_subcommand, add_diverge_subcommand
-    from statescope.cli.gpu import add_gpu_results_subcommand, add_racecheck_subcommand
+    from statescope.cli.capture import add_capture_overhead_subcommand, add_capture_subcommands
+    from statescope.cli.diverge import (add_continuity_subcommand, add_diverge_subcommand,
+                                        add_localize_subcommand)
+    from statescope.cli.gpu import (add_gpu_arm_subcommand, add_gpu_results_subcommand,
+                                    add_racecheck_subcommand)
     from statescope.cli.models import add_model_check_subcommand
     from statescope.cli.render import add_render_subcommand
 
     add_capture_subcommands(sub)
+    add_capture_overhead_subcommand(sub)
     add_diverge_subcommand(sub)
     add_continuity_subcommand(sub)
+    add_localize_subcommand(sub)
     add_racecheck_subcommand(sub)
     add_build_subcommands(sub)
     add_releases_subcommand(sub)
@@ -144,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bisect_subcommands(sub)
     add_render_subcommand(sub)
     add_gpu_results_subcommand(sub)
+    add_gpu_arm_subcommand(sub)
     return p
 
 

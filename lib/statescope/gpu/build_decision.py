@@ -10,7 +10,9 @@ The items are ordered builds: ``0.26.0`` (vLLM's ``batch_memcpy``), ``0.26.0 + o
 copy (torch clone-then-copy, correct by construction) as the known-good end. ``decide_builds`` runs
 ``bayesian_bisect`` in find-fix mode over them: the answer is the first build whose failure rate
 dropped, with the probes and the posterior; answer = the patched build means "the patch fixes it".
-``build_verdicts`` adds per-build counts with Clopper-Pearson intervals.
+``build_verdicts`` adds per-build counts with Clopper-Pearson intervals. ``decide_on_device`` wires
+the three copy functions for the installed vLLM (or a build's ``mamba_utils.py`` under Triton's
+interpreter) and returns the decision, the counts and the oracle's log, JSON-able.
 
 What it deliberately does not do: install builds (both builds are the one installed vLLM, with and
 without the runtime patch) or probe the fused kernels (the patch does not cover them).
@@ -139,3 +141,33 @@ def build_verdicts(log: list[dict]) -> list[dict]:
         out.append({"build": build, "probes": sum(r["build"] == build for r in log), "requests": n,
                     "failures": k, "rate": k / n if n else None, "ci_lo": lo, "ci_hi": hi})
     return out
+
+
+def decide_on_device(device: str = "cuda", shift_bytes: int = 576, launch_copies: int = 20000,
+                     kernel_source: str | None = None) -> dict:
+    """The decision for the installed vLLM's ``batch_memcpy`` on ``device`` ("cuda"), or for the
+    kernel of ``kernel_source`` (a build's ``mamba_utils.py``) under Triton's interpreter: the
+    bisection, the per-build counts and the oracle's log, JSON-able."""
+    import functools
+
+    from statescope.patches.overlap_safe import overlap_safe_batch_memcpy
+
+    if device == "cuda" and kernel_source is None:
+        from vllm.v1.worker import mamba_utils
+
+        raw = mamba_utils.batch_memcpy
+    else:
+        from statescope.gpu.racecheck import load_kernel_source
+
+        if kernel_source is None:
+            raise InputError(f"decide_on_device: device {device!r} needs a kernel_source (a build's mamba_utils.py)")
+        m = load_kernel_source(kernel_source)
+
+        def raw(src: Any, dst: Any, sizes: Any) -> None:
+            m.batch_memcpy_kernel[(len(sizes),)](src, dst, sizes, BLOCK_SIZE=1024)
+    fns = {BUILDS[0]: raw, BUILDS[1]: functools.partial(overlap_safe_batch_memcpy, kernel=raw),
+           BUILDS[2]: torch_reference_copy}
+    oracle = CopyRaceOracle(fns, shift_bytes=shift_bytes, launch_copies=launch_copies, device=device)
+    result = decide_builds(oracle, requests_per_probe=50, budget=5000)
+    return {"shift_bytes": shift_bytes, "copy_bytes": oracle.copy_bytes, "launch_copies": launch_copies,
+            "bisect": result.to_dict(), "per_build": build_verdicts(oracle.log), "oracle_log": oracle.log}

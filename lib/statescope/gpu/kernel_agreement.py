@@ -9,7 +9,9 @@ inputs through ``postprocess_mamba_fused_kernel`` (or ``precopy_mamba_align_fuse
 build — on the GPU for real, or under Triton's interpreter on the CPU — and through
 ``statescope.patches.cpu_kernels`` on CPU copies, then compares every state byte and the accepted-count
 output, and lists each copy the CPU side made with whether the build's bytes match it.
-``agreement_table`` runs many cases and summarises per geometry, kernel and copy kind.
+``agreement_table`` runs many cases and summarises per geometry, kernel and copy kind;
+``agreement_on_device`` runs it for the installed vLLM on a GPU, or for a build's ``mamba_utils.py``
+under Triton's interpreter (the device job's part and its CPU shake-out).
 
 Adapter (the seam): ``statescope.patches.cpu_kernels`` is written against vLLM 0.28.0's parameter list;
 0.26.0's kernels lack ``TEMPORAL_TILES`` (and its pre-copy lacks ``HAS_IDX_MAPPING``), so the two
@@ -258,3 +260,18 @@ def agreement_table(module: Any, device: Any = "cuda", *, geometries: dict | Non
                     total[k] = total.get(k, 0) + v
             rows.append(total)
     return rows
+
+
+def agreement_on_device(device: str = "cuda", cases: int = 20, kernel_source: str | None = None) -> dict:
+    """``{"rows": agreement_table(...)}`` for the installed vLLM's kernels on ``device`` ("cuda"),
+    or for ``kernel_source`` (another build's ``mamba_utils.py``) under Triton's interpreter on the
+    CPU (a shake-out: 8 requests a case)."""
+    if device == "cuda" and kernel_source is None:
+        from vllm.v1.worker import mamba_utils as module
+    else:
+        from statescope.gpu.racecheck import load_kernel_source
+
+        if kernel_source is None:
+            raise InputError(f"agreement_on_device: device {device!r} needs a kernel_source (a build's mamba_utils.py)")
+        module = load_kernel_source(kernel_source)
+    return {"rows": agreement_table(module, device, cases=cases, n_reqs=64 if device == "cuda" else 8)}

@@ -17,6 +17,8 @@ from statescope.errors import InputError
 from statescope.results.files import E2E_DIR, MODELS, arms, parts, part, records
 from statescope.records import rows_by_request
 
+RATIO_COLUMNS = ("median_tok_s", "best_tok_s", "ratio_median", "ratio_best", "rounds")  # overhead_table
+
 
 def earlier_overhead(d: Path = E2E_DIR) -> dict:
     """The earlier session's GPU capture-overhead ratios (capture_gpu.json, CUDA graphs on)."""
@@ -35,7 +37,7 @@ def race_table(d: Path = E2E_DIR) -> Any:
 
 def verdict_table(d: Path = E2E_DIR) -> list[dict]:
     """Recompute trigger-vs-control verdicts per model from the committed records."""
-    from statescope.gpu.e2e_arms import verdict_rows
+    from statescope.verdict.rejudge import verdict_rows
 
     metas = arms(d)
     out = []
@@ -72,14 +74,14 @@ def trigger_summary(d: Path = E2E_DIR) -> list[dict]:
     degenerate outputs (``reproduce.label_rows`` without a control), valid actions, prefix-cache hits
     per request, MTP acceptance, and the copy census (in-place conv shifts on the GPU)."""
     from statescope.workload import guilang
-    from statescope.gpu.e2e_arms import _arm_run
+    from statescope.verdict.rejudge import arm_run_from_records
     from statescope.verdict.reproduce import label_rows
 
     out = []
     for m in arms(d):
         if m["arm"] != "trigger":
             continue
-        run = _arm_run(m, records(m["label"], d))
+        run = arm_run_from_records(m, records(m["label"], d))
         labels = label_rows(run, None, action_validator=guilang.is_valid_action)
         cap = (m.get("after") or {}).get("capture") or {}
         met = run.metrics
@@ -105,7 +107,7 @@ def trigger_summary(d: Path = E2E_DIR) -> list[dict]:
 
 def overhead_table(d: Path = E2E_DIR) -> list[dict]:
     """Capture overhead per model from the raw timed rounds (ratios recomputed here)."""
-    from statescope.gpu.e2e_arms import overhead_ratios
+    from statescope.capture.overhead import overhead_ratios
 
     sources = [(m["label"], (m.get("after") or {}).get("overhead")) for m in arms(d) if m["arm"] == "trigger"]
     names = sorted({p["part"] for p in parts(d) if p["part"].startswith("large_overhead")})
@@ -124,7 +126,7 @@ def overhead_table(d: Path = E2E_DIR) -> list[dict]:
             host = [x["capture_host_s"] / x["engine_steps"] for x in rows
                     if x.get("capture_host_s") is not None and x.get("engine_steps")]
             wall = [x["seconds"] / x["engine_steps"] for x in rows if x.get("engine_steps")]
-            out.append({"model": label, "mode": mode, **r,
+            out.append({"model": label, "mode": mode, **{k: r[k] for k in RATIO_COLUMNS},
                         "capture_host_ms_per_step": 1e3 * sum(host) / len(host) if host else None,
                         "captured_round_ms_per_step": 1e3 * sum(wall) / len(wall) if wall else None})
     return out
@@ -197,10 +199,10 @@ def bisect_result(d: Path = E2E_DIR) -> Any:
 
 def localization(d: Path = E2E_DIR) -> dict:
     """``localization.json``: where the compiled trigger's captured states first depart from the
-    float64 oracle, and the exact conv-window continuity check (scripts/gpu_localize.py)."""
+    float64 oracle, and the exact conv-window continuity check (``statescope localize``)."""
     path = Path(d) / "localization.json"
     if not path.is_file():
-        raise InputError(f"{path}: missing (written by scripts/gpu_localize.py)")
+        raise InputError(f"{path}: missing (written by ``statescope localize``)")
     return json.loads(path.read_text())
 
 

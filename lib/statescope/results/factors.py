@@ -2,7 +2,7 @@
 and the capture-overhead breakdown.
 
 What it does: ``verdicts`` recomputes the trigger-vs-control verdicts of the eager 12-seed set from
-its records (``gpu_e2e.verdict_rows``, as round 2's are); ``departures`` lists the trigger's
+its records (``statescope.verdict.rejudge.verdict_rows``, as round 2's are); ``departures`` lists the trigger's
 requests whose answer differs from the async-off control, with what kind of wrong answer each is;
 ``factor_table`` compares every tiny-gui configuration run on the H200 (round 2 and 3, compiled and
 eager) with round 2's eager async-off control on the 288 requests they share, which is what says

@@ -9,10 +9,11 @@ Each round folder holds one ``probe_7b_call<N>.json`` per device call of
 a per-step cost) and ``gui`` (the workbook's shape: 4 agents x 8 steps, 2,432-token prompts sharing
 2,048 tokens, 64 tokens each). Round 5 measured the CUDA-graph digest built once per engine; round 6
 the step's compact record (``statescope.capture.facts``). ``overhead_rows`` gives one row per (file,
-workload, mode): the paired-median throughput ratio to capture off, its distribution-free interval
-(``statescope.verdict.stats.median_interval`` over the paired rounds, recomputed here, not read), the ratio
-of medians, the capture's host milliseconds per step in the step and in the flusher, and (round 6)
-whether every digest round's capture really ran. ``goal_check`` says, per call and workload,
+workload, mode), recomputed from the raw timed rounds by ``statescope.capture.overhead.overhead_ratios``
+(the code that wrote the probes' summaries), not read: the paired-median throughput ratio to capture
+off, its distribution-free interval (``statescope.verdict.stats.median_interval`` over the paired
+rounds), the ratio of medians, the capture's host milliseconds per step in the step and in the
+flusher, and (round 6) whether every digest round's capture really ran. ``goal_check`` says, per call and workload,
 whether the issue's goal (digest mode at most 3 % slower than capture off) is shown: only if the
 whole interval is at or above 0.97. ``pooled_check`` pools the paired rounds of several calls of
 the same code — a secondary reading, labelled as one (different engine starts add their spread).
@@ -30,10 +31,11 @@ import json
 import statistics
 from pathlib import Path
 
+from statescope.capture.overhead import overhead_ratios, paired_ratios
 from statescope.errors import InputError
 from statescope.results import e2e as gr
 from statescope.results import files
-from statescope.verdict.stats import median_interval
+from statescope.intervals import median_interval
 from statescope.results.factors import R3_DIR
 
 R5_DIR = gr.E2E_DIR.parent / "overhead_round5"
@@ -74,12 +76,6 @@ def _workloads(res: dict) -> dict:
     return res.get("workloads") or {"decode": res}
 
 
-def _paired(part: dict, mode: str) -> tuple[list[float], list[float], list[float]]:
-    off = [r["tokens"] / r["seconds"] for r in part["rows"] if r["mode"] == "off"]
-    rates = [r["tokens"] / r["seconds"] for r in part["rows"] if r["mode"] == mode]
-    return off, rates, [a / b for a, b in zip(rates, off)]
-
-
 def _capture_ran(part: dict, mode: str) -> str | None:
     """Round 6 records, per round, whether the capture ran (the probe tolerates hook errors):
     "all N" when every round's run is complete with no hook error and digest rows, else which not."""
@@ -96,10 +92,10 @@ def overhead_rows(d: Path = R5_DIR) -> list[dict]:
     for name in probe_files(d):
         res = _load(Path(d) / name)
         for wl, part in _workloads(res).items():
-            for mode, s in part["summary"].items():
+            for mode, s in overhead_ratios(part["rows"], list(part["summary"])).items():
                 if mode == "off":
                     continue
-                off, rates, paired = _paired(part, mode)
+                paired = paired_ratios(part["rows"], mode)
                 lo, hi, cov = median_interval(paired)
                 by = s.get("by_name_ms_per_step", {})
                 agree = part.get("graph_vs_eager") or {}
@@ -107,9 +103,9 @@ def overhead_rows(d: Path = R5_DIR) -> list[dict]:
                     "file": name, "workload": wl, "mode": mode, "rounds": len(paired),
                     "prompt_tokens": f"{min(part.get('prompt_tokens') or [0])}-{max(part.get('prompt_tokens') or [0])}",
                     "max_tokens": part.get("max_tokens"),
-                    "paired_median": round(statistics.median(paired), 3),
+                    "paired_median": round(s["paired_ratio_median"], 3),
                     "ci_lo": round(lo, 3), "ci_hi": round(hi, 3), "ci_coverage": round(cov, 3),
-                    "ratio_of_medians": round(statistics.median(rates) / statistics.median(off), 3),
+                    "ratio_of_medians": round(s["ratio_median"], 3),
                     "host_ms_in_step": round(sum(v for k, v in by.items() if k != "drain"), 3),
                     "host_ms_flusher": round(by.get("drain", 0.0), 3),
                     "digest_graph": ",".join(s.get("digest_graph") or []),
@@ -143,7 +139,7 @@ def pooled_check(d: Path = R6_DIR, files: tuple[str, ...] = R6_SAME_CODE) -> lis
     parts: dict[str, list[float]] = {}
     for name in files:
         for wl, part in _workloads(_load(Path(d) / name)).items():
-            parts.setdefault(wl, []).extend(_paired(part, "digest")[2])
+            parts.setdefault(wl, []).extend(paired_ratios(part["rows"], "digest"))
     out = []
     for wl, paired in parts.items():
         lo, hi, cov = median_interval(paired)

@@ -4,7 +4,7 @@ the corruption round 3 detected?
 Round 4 ran round 3's eager trigger twice at once on the H200 — unpatched, and with the statescope
 runtime patch ``accept_sync`` (``statescope.patches.accept_sync``) — on the same 576 requests. The controls
 are round 3's (async off, prefix caching off, MTP off). ``patch_verdicts`` recomputes each trigger
-against each control with the verdict machinery of every other round (``gpu_e2e.verdict_rows``);
+against each control with the verdict machinery of every other round (``statescope.verdict.rejudge.verdict_rows``);
 ``patch_table`` counts, per arm, the requests and episodes whose output differs from each control
 and whether the departed set is round 3's; ``patched_vs_unpatched`` is the one-sided Fisher test of
 the two triggers against each other (episode unit), with both arms' engagement counters.
@@ -50,7 +50,7 @@ def _controls(r3: Path) -> tuple[list[dict], list[dict]]:
 
 def patch_verdicts(d: Path = R4_DIR, r3: Path = R3_DIR) -> list[dict]:
     """Each round-4 trigger (unpatched, accept_sync) vs each of round 3's one-factor controls."""
-    from statescope.gpu.e2e_arms import verdict_rows
+    from statescope.verdict.rejudge import verdict_rows
 
     cmetas, crecs = _controls(r3)
     cmetas = [dict(m, source=str(r3)) for m in cmetas]

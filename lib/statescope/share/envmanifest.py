@@ -7,7 +7,10 @@ engine-relevant environment by allowlist (``statescope.share.scrub.allowed_env``
 engine configurations that the executed notebook really ran. ``record_engines(path)`` is run
 inside a notebook's kernel by the renderer: it wraps ``OfflineEngine.__init__`` so that each
 engine's resolved configuration is appended to ``path`` (JSON lines) as it starts.
-``to_markdown`` formats a manifest for a report.
+``to_markdown`` formats a manifest for a report. ``device_environment`` is the record a device job
+writes first (versions, the GPU as torch and ``nvidia-smi`` see it, the sha256 of vLLM's
+``mamba_utils.py``: the file whose copy kernels are in question); ``device_manifest`` turns it into
+the fields of a committed results manifest.
 
 What it deliberately does not do: import vLLM or torch when they are not installed (fields say
 "not installed"), start an engine, or scrub (the renderer scrubs everything it writes).
@@ -59,15 +62,26 @@ def _version(*dists: str) -> str:
     return "not installed"
 
 
-def _nvidia_smi() -> dict:
+def _nvidia_smi_query() -> str | None:
+    """``nvidia-smi``'s "name, driver, memory" lines; None without nvidia-smi, the error's name
+    when it fails."""
     if shutil.which("nvidia-smi") is None:
-        return {"driver": "none (no nvidia-smi)", "gpus": []}
+        return None
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"driver": f"unknown ({type(exc).__name__})", "gpus": []}
-    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+        return f"unknown ({type(exc).__name__})"
+    return out.stdout.strip()
+
+
+def _nvidia_smi() -> dict:
+    text = _nvidia_smi_query()
+    if text is None:
+        return {"driver": "none (no nvidia-smi)", "gpus": []}
+    if text.startswith("unknown ("):
+        return {"driver": text, "gpus": []}
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
     return {"driver": rows[0][1] if rows else "unknown", "gpus": [f"{r[0]} ({r[2]})" for r in rows]}
 
 
@@ -147,3 +161,54 @@ def to_markdown(manifest: dict) -> str:
     configs = json.dumps(manifest.get("resolved_configs"), indent=1, default=str)
     return ("\n".join(rows) + "\n\nEngine-relevant environment (allowlist):\n\n```json\n" + env
             + "\n```\n\nResolved engine configurations:\n\n```json\n" + configs + "\n```\n")
+
+
+def device_environment(argv: list[str] | None = None) -> dict[str, Any]:
+    """What ran, on what: Python, torch (+ CUDA), vLLM, Triton, the GPU (name, memory, SMs, the
+    ``nvidia-smi`` line), the date and the sha256 of the installed vLLM's ``mamba_utils.py``. An
+    import that fails is recorded (``import_error``), not raised: a device job's first part must
+    not cost the call."""
+    import datetime
+    import hashlib
+    import sys
+
+    env: dict[str, Any] = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           "python": platform.python_version(), "argv": list(sys.argv if argv is None else argv)}
+    try:
+        import torch
+    except ImportError as exc:
+        return dict(env, torch="not installed", import_error=repr(exc))
+    env.update(torch=torch.__version__, cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
+    try:
+        import triton
+        import vllm
+        from vllm.v1.worker import mamba_utils
+
+        env.update(vllm=vllm.__version__, triton=triton.__version__,
+                   mamba_utils_sha256=hashlib.sha256(Path(mamba_utils.__file__).read_bytes()).hexdigest())
+    except Exception as exc:  # noqa: BLE001  (recorded: the job goes on to say what else failed)
+        env["import_error"] = repr(exc)
+    if env["cuda_available"]:
+        p = torch.cuda.get_device_properties(0)
+        env.update(gpu=p.name, gpu_mem_mib=p.total_memory // 2**20, sms=p.multi_processor_count)
+    smi = _nvidia_smi_query()
+    if smi is not None:
+        env["nvidia_smi"] = smi
+    return env
+
+
+def device_manifest(env: dict) -> dict[str, Any]:
+    """A results manifest's version and hardware fields from a ``device_environment`` record."""
+    from statescope.errors import InputError
+
+    need = ("vllm", "torch", "triton", "python", "gpu", "gpu_mem_mib", "sms", "cuda", "nvidia_smi")
+    missing = [k for k in need if k not in env]
+    if missing:
+        raise InputError(f"environment record: field {missing[0]!r} missing (expected a device_environment "
+                         f"record from a GPU machine; import_error: {env.get('import_error')})")
+    smi = str(env["nvidia_smi"]).split(", ")
+    if len(smi) < 2:
+        raise InputError(f"environment record: field 'nvidia_smi' {env['nvidia_smi']!r}: expected "
+                         "'name, driver, memory'")
+    return {**{k: env[k] for k in need[:-1]}, "driver": smi[1], "nvidia_smi": env["nvidia_smi"]}
+

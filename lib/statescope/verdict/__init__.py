@@ -13,4 +13,5 @@ __getattr__, __dir__, __all__ = public_face(__name__, {
     "NO_EVIDENCE": "stats", "SPRT": "stats", "clopper_pearson": "stats", "decide": "stats",
     "fisher_exact_one_sided": "stats", "fisher_exact_two_sided": "stats",
     "median_interval": "stats", "requests_for_detection": "stats", "two_arm_sample_size": "stats",
+    "arm_run_from_records": "rejudge", "verdict_rows": "rejudge",
 })

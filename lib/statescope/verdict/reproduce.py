@@ -361,10 +361,8 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
                                      episodes_per_lifetime=episodes_per_lifetime)
         trg = run_arm(trigger, trace, store, runner=runner, concurrency=concurrency,
                       episodes_per_lifetime=episodes_per_lifetime)
-    if action_syntax is None:
-        valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
-        action_syntax = bool(valid) and sum(valid) / len(valid) >= 0.9
-    validator = guilang.is_valid_action if action_syntax else None
+    validator = (guilang.action_validator_for(r["text"] for r in ctl.rows) if action_syntax is None
+                 else guilang.is_valid_action if action_syntax else None)
     check_comparable(trg, ctl)
     ctl_labels = label_rows(ctl, None, action_validator=validator)
     trg_labels = label_rows(trg, ctl, action_validator=validator)

@@ -20,6 +20,7 @@ import numpy as np
 from scipy import stats as _st
 
 from statescope.errors import InputError
+from statescope.intervals import median_interval  # noqa: F401  (a base module: capture uses it too)
 
 CORRUPTION_DETECTED = "corruption detected"
 NO_EVIDENCE = "no evidence"
@@ -51,27 +52,6 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     lo = 0.0 if k == 0 else float(_st.beta.ppf(tail, k, n - k + 1))
     hi = 1.0 if k == n else float(_st.beta.ppf(1 - tail, k + 1, n - k))
     return lo, hi
-
-
-def median_interval(values: list[float], conf: float = 0.95) -> tuple[float, float, float]:
-    """Distribution-free interval for a median from order statistics: ``(lo, hi, coverage)`` with
-    ``lo``/``hi`` the k-th smallest/largest value for the largest k whose exact binomial coverage
-    is still >= ``conf`` (the coverage reached is returned; it is above ``conf``, never below). Used
-    for paired throughput ratios, where no noise model is credible. Needs at least 6 values for
-    95 % (with fewer, even min..max covers less)."""
-    _check_prob(conf, "median_interval conf")
-    x = sorted(float(v) for v in values)
-    n = len(x)
-    best = None
-    for k in range(1, n // 2 + 1):  # [x_(k), x_(n-k+1)] covers the median w.p. 1 - 2 P(B <= k-1)
-        coverage = 1 - 2 * float(_st.binom.cdf(k - 1, n, 0.5))
-        if coverage < conf:
-            break
-        best = (x[k - 1], x[n - k], coverage)
-    if best is None:
-        raise InputError(f"median_interval: {n} values cannot give {conf:.0%} coverage "
-                         f"(min..max covers {1 - 2 * 0.5 ** n:.1%}); expected more values")
-    return best
 
 
 def _fisher(k1: int, n1: int, k2: int, n2: int, alternative: str) -> float:

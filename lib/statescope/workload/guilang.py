@@ -21,6 +21,8 @@ state across the turn boundary), while the value to type must be recalled from t
 first user turn (long memory). ``render_prompt`` gives the growing shared-prefix prompt (system, goal + first
 observation, then action/observation turns), ``render_messages`` the same as OpenAI chat messages.
 Each step also carries 1-3 deterministic screenshot specs (size + widgets drawn) for a renderer.
+``action_validator_for`` is the one rule for when an arm's answers are graded on action syntax
+(only when the control arm speaks the language).
 
 What it deliberately does not do: render images, tokenize, or call a model.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 SYSTEM_PROMPT = ("You are a GUI agent. Each turn shows the screen. Reply with one action: "
                  "click(id=N), type(id=N, text=\"...\"), scroll(down), key(esc) or done().")
@@ -351,3 +354,15 @@ def grade(action_text: str, step: Step) -> dict:
     """{'valid': bool, 'correct': bool} of an answer against the step's correct action."""
     got = parse_action(action_text)
     return {"valid": got is not None, "correct": got is not None and got == parse_action(step.action)}
+
+
+ACTION_SYNTAX_MIN_VALID = 0.9
+
+
+def action_validator_for(control_texts: Iterable[str], min_valid: float = ACTION_SYNTAX_MIN_VALID
+                         ) -> Callable[[str], bool] | None:
+    """``is_valid_action`` when the control arm speaks the language (at least ``min_valid`` of its
+    outputs are valid actions), else None: a model that never learned the language is graded on
+    degenerate output alone, or every answer of both arms would count as failed."""
+    valid = [is_valid_action(t) for t in control_texts]
+    return is_valid_action if valid and sum(valid) / len(valid) >= min_valid else None
