@@ -20,9 +20,9 @@ REPO=$PWD
 SS=${SS_ROOT:-/tmp/ss}
 OUT=${OUT:-$SS/out}
 MODEL=${SS_MODEL:-tiny-gui}
+SEEDS=${SS_SEEDS:-"0:12 12:24 24:36"}
 PRESET=${SS_PRESET:-long}
 PY=${SS_PY:-python3}  # the interpreter that holds the release (python3 with the kit's env.sh)
-SEEDS=${SS_SEEDS:-"0:12 12:24 24:36 36:48"}
 mkdir -p "$SS" "$OUT"
 export PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
 # several engines side by side on the one GPU: each asks for a small share (the device profile
@@ -99,22 +99,25 @@ render19() {  # notebooks executed on the GPU (papermill); PNGs need a browser t
     06_hypotheses --out "$SS/$v/gallery-gpu" --no-png --json
 }
 
-releases() {  # VERSION...: per release and runner, the trigger vs its async-off control, then
-  # the AMPLIFIED triggers (both orderings, and the amplifier under accept_sync) vs that control
+releases() {  # VERSION...: per release and runner, the trigger vs its async-off control; on V1 the
+  # AMPLIFIED triggers (both orderings, and the amplifier under accept_sync), on V2 the amplifier
+  # alone (nothing to amplify there: it must change nothing) -- each vs that same control run
   for v in "$@"; do
     local R="$SS/$v/runs"; mkdir -p "$R"
     for runner in v1 v2; do
       local s=${SEEDS%% *} id="${runner}_${SEEDS%% *}"; id=${id/:/-}
+      local amps="amplify_accept_race"
+      [ "$runner" = v1 ] && amps="amplify_accept_race amplify_accept_race=delay"
       ( ss "cell_$id" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" --control no_async \
           --trigger-set model_runner=$runner --control-set model_runner=$runner --runs "$R" \
           --run-id "$id" --json
-        for amp in amplify_accept_race amplify_accept_race=delay; do
+        for amp in $amps; do
           ss "cell_${id}_${amp/=/-}" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$s" \
             --control no_async --trigger-set model_runner=$runner --trigger-patch "$amp" \
             --control-run "$R/$id" --runs "$R" --run-id "${id}_${amp/=/-}" --json
         done
-        ss "cell_${id}_amplified_accept_sync" "$v" reproduce --model "$MODEL" --preset "$PRESET" \
-          --seeds "$s" --control no_async --trigger-set model_runner=$runner \
+        [ "$runner" = v1 ] && ss "cell_${id}_amplified_accept_sync" "$v" reproduce --model "$MODEL" \
+          --preset "$PRESET" --seeds "$s" --control no_async --trigger-set model_runner=$runner \
           --trigger-patch amplify_accept_race --trigger-patch accept_sync --control-run "$R/$id" \
           --runs "$R" --run-id "${id}_amplified_accept_sync" --json ) &
     done
@@ -141,10 +144,29 @@ PY
   ls -la "$OUT/$name.tar.gz"
 }
 
+campaign() {  # DEADLINE_S: everything of one device call side by side, then pack what finished
+  local deadline=$(( $(date +%s) + ${1:-500} ))
+  mkdir -p "$SS/logs"
+  ( GK_DIR=/tmp/gk bash /tmp/gk/install_v0.30.0.sh > "$SS/logs/install-0.30.0.log" 2>&1
+    releases 0.30.0 > "$SS/logs/releases-0.30.0.log" 2>&1 ) &
+  ( bash "$0" setup 0.26.0 > "$SS/logs/setup.log" 2>&1 ) &
+  ( issue19 > "$SS/logs/issue19.log" 2>&1 ) &
+  ( releases 0.26.0 0.28.0 0.32.0 > "$SS/logs/releases.log" 2>&1 ) &
+  ( SS_TIMEOUT=${SS_RENDER_TIMEOUT:-480} render19 > "$SS/logs/render.log" 2>&1 ) &
+  while [ -n "$(jobs -rp)" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+  echo "campaign: $(jobs -rp | wc -w) job(s) still running at the deadline"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+  pack issue19 "$SS/0.26.0"
+  pack releases "$SS/0.28.0" "$SS/0.30.0" "$SS/0.32.0"
+  tar czf "$OUT/logs.tar.gz" -C "$SS" logs commands.txt
+  tail -n 40 "$SS"/logs/*.log | cut -c1-220
+}
+
 case "${1:-}" in
+  campaign) shift; campaign "$@" ;;
   env) shift; echo ". /tmp/vllm-$1/env.sh; export PYTHONPATH=$REPO/lib:\$PYTHONPATH" ;;
   setup) shift; ( . "/tmp/vllm-$1/env.sh" && STATESCOPE_WHEELS=${STATESCOPE_WHEELS:-/tmp/gk/work-tools/whl} \
-             STATESCOPE_PYTHON=python3 bin/setup --here ) ;;
+             STATESCOPE_EXTRAS=${STATESCOPE_EXTRAS:-none} STATESCOPE_PYTHON=python3 bin/setup --here ) ;;
   doctor) shift; doctor_all "$@" ;;
   issue19) issue19 ;;
   render19) render19 ;;
