@@ -330,3 +330,57 @@ pd.DataFrame(gor.overhead_rows(gor.R6_DIR)).drop(columns=["ci_coverage", "graph_
 # %%
 pd.DataFrame(gor.goal_check(gor.R6_DIR) + gor.pooled_check())
 
+
+# %% [markdown]
+# ## 6 · The workbook's own command line on the H200 (vLLM 0.26.0)
+#
+# Everything above came from device drivers. This section is `statescope doctor`, `reproduce`,
+# `capture`, `census`, `diverge` and `continuity` run on the H200 exactly as the README says
+# (`scripts/gpu_cli.sh` only started them side by side; `data/results/gpu/cli/`, its
+# `commands_call57.txt` and `manifest.json`). Every verdict below is re-derived from the stored
+# records, with the same code path the CLI ran. The device profile (`cuda-triton`) was chosen
+# automatically; the doctor found 0.26.0's in-process counters at 0 hits and took the requests' own
+# cached-token counts instead.
+
+# %%
+from statescope.results import cli_runs
+pd.DataFrame(cli_runs.reproduce_table()).drop(columns=["folder", "spec_source"])
+
+# %% [markdown]
+# **The headline rate, with its spread.** The trigger against its async-off control on three seed
+# sets (96 episodes each), unpatched and with `accept_sync`: the rate depends on the seed set
+# (6 to 11 of 96 episodes), the patch removes every failure in all three, and the pooled figure
+# is 27/288 against 0/288.
+
+# %%
+pd.DataFrame(cli_runs.seed_spread())
+
+# %% [markdown]
+# ## 7 · Which release and which setting fix it? vLLM 0.26.0 … 0.32.0 × runner × async
+#
+# Each release ran the same trigger (async on) and its async-off control with the model runner
+# forced to V1 and to V2 (read back from the engine), beside each release's source census
+# (`statescope build census`): releases up to 0.28.0 pick V1 by default for this configuration,
+# 0.29.0 on V2. AMPLIFIED cells force the accepted-count copy's ordering (`amplify_accept_race`);
+# they are labelled so and never a real-world rate (`statescope.results.releases`).
+
+# %%
+from statescope.results import releases
+cols = ["release", "runner_resolved", "default_runner (census)", "patch", "outcome",
+        "trigger_failed", "trigger_units", "control_failed", "fisher_p"]
+pd.DataFrame(releases.release_table())[cols]
+
+# %% [markdown]
+# **Reading.** V1 corrupts on every release measured (0.26.0, 0.28.0, 0.30.0, 0.32.0: 11 of 96
+# episodes each, the same trace), V2 on none — forced on 0.26.0 and 0.28.0 too. So at default
+# settings a release is good exactly when its default runner is V2 (0.29.0 on, by the census), and
+# `VLLM_USE_V2_MODEL_RUNNER=0` brings the corruption back through 0.32.0: the runner, not #50729,
+# is what changed. The amplifier did **not** amplify: both orderings gave the same 11/96 as no
+# amplifier, so on this model and load the wrong count is read on every exposed step already (a
+# deterministic ordering, not a rare timing) — and `accept_sync` cancels it.
+#
+# The bisection over the recorded releases (REPLAYED from these cells: no engine started):
+
+# %%
+pd.DataFrame([releases.bisection_answer(setting=s) for s in ("default", "v1", "v2")])[
+    ["setting", "verdict", "probes", "model_confidence"]]
