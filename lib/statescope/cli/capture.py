@@ -48,13 +48,21 @@ def capture_command(args: argparse.Namespace) -> int:
     from statescope.engine.config import EngineConfig
     from statescope.workload.episodes import run_episodes, shared_prefix_episodes
 
+    from statescope.engine.config import model_path
+    from statescope.engine.modeldir import check_model_dir
+    from statescope.verdict.inputs import parse_copy_semantics
+
     spec = _spec_from_args(args)
     if not spec.enabled:
         raise InputError("statescope capture: the spec's mode is 'off'; nothing would be recorded")
-    config = EngineConfig(**({"model": args.model} if args.model else {}))
-    if args.copy_semantics:
-        name, _, tile = args.copy_semantics.partition(":")
-        cpu_kernels.set_copy_semantics(name, int(tile) if tile else cpu_kernels.DEFAULT_TILE_BYTES)
+    for name in ("episodes", "steps", "max_tokens"):  # before the engine starts
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    semantics = parse_copy_semantics(args.copy_semantics)
+    config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}))
+    check_model_dir(config.model)
+    if semantics:
+        cpu_kernels.set_copy_semantics(*semantics)
     with OfflineEngine(config) as engine:
         capture.install(spec)
         try:
