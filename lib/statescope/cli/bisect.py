@@ -60,11 +60,9 @@ def _setting_values(text: str) -> tuple[str, list]:
 
 def _check_cells(args: argparse.Namespace) -> None:
     """What every probe would only find out after installing a build and starting engines."""
-    from statescope.verdict.reproduce import UNITS, standard_arms
+    from statescope.cli.builds import check_cell_arguments
 
-    if args.unit not in UNITS:
-        raise InputError(f"--unit {args.unit!r}: expected one of {UNITS}")
-    standard_arms(args.control)
+    check_cell_arguments(args)
     if args.requests_per_probe is not None and args.requests_per_probe < 1:
         raise InputError(f"--requests-per-probe {args.requests_per_probe}: expected an integer >= 1")
     if args.budget is not None and args.budget < 1:
