@@ -49,8 +49,7 @@ class SpooledRecord(SimpleNamespace):
 
 def _str(out: bytearray, s: str) -> None:
     raw = s.encode("utf-8")
-    out += _U32.pack(len(raw))
-    out += raw
+    out += _U32.pack(len(raw)) + raw
 
 
 def _shape(out: bytearray, shape: tuple) -> None:
@@ -67,48 +66,52 @@ class _Encoder:
 
     def value(self, obj: Any) -> None:
         out, t = self.out, type(obj)
-        if obj is None:
-            out += b"N"
-        elif t is bool or t is np.bool_:
-            out += b"T" if obj else b"F"
-        elif t is int or isinstance(obj, (np.integer,)):
-            v = int(obj)
-            if -2**63 <= v < 2**63:
-                out += b"i"
-                out += _I64.pack(v)
-            else:
-                out += b"I"
-                _str(out, str(v))
-        elif t is float or isinstance(obj, np.floating):
-            out += b"f"
-            out += _F64.pack(float(obj))
-        elif t is str:
+        # exact built-in types first (most values), numpy and torch scalars and objects after
+        if t is str:
             out += b"s"
             _str(out, obj)
-        elif t is bytes:
-            out += b"b"
-            out += _U32.pack(len(obj))
-            out += obj
-        elif t is list or t is tuple:
-            self.sequence(obj, t is list)
+        elif t is int:
+            self.integer(obj)
         elif t is dict:
             out += b"d"
             out += _U32.pack(len(obj))
             for k, v in obj.items():
                 self.value(k)
                 self.value(v)
+        elif t is list or t is tuple:
+            self.sequence(obj, t is list)
         elif t is np.ndarray:
             self.array(obj)
-        elif isinstance(obj, torch.Tensor):
-            self.tensor(obj)
+        elif obj is None:
+            out += b"N"
+        elif t is bool or t is np.bool_:
+            out += b"T" if obj else b"F"
+        elif t is float:
+            out += b"f" + _F64.pack(obj)
         elif isinstance(obj, torch.dtype):
             out += b"D"
             _str(out, str(obj).replace("torch.", ""))
+        elif isinstance(obj, torch.Tensor):
+            self.tensor(obj)
+        elif isinstance(obj, np.integer):
+            self.integer(int(obj))
+        elif isinstance(obj, np.floating):
+            out += b"f" + _F64.pack(float(obj))
+        elif t is bytes:
+            out += b"b" + _U32.pack(len(obj)) + obj
         elif dataclasses.is_dataclass(obj) and not isinstance(obj, type) or isinstance(obj, SimpleNamespace):
             self.record(obj)
         else:
             raise TypeError(f"spool: a {t.__module__}.{t.__qualname__} cannot be spooled "
                             "(data only: see statescope.capture.spool_format)")
+
+    def integer(self, v: int) -> None:
+        if -2**63 <= v < 2**63:
+            self.out += b"i"
+            self.out += _I64.pack(v)
+        else:
+            self.out += b"I"
+            _str(self.out, str(v))
 
     def sequence(self, obj: list | tuple, is_list: bool) -> None:
         """A list or tuple; homogeneous ones in one piece (the step's lists are: request ids,
