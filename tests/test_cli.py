@@ -23,8 +23,8 @@ def test_doctor_without_engine_json():
 
 def test_doctor_bad_model_is_one_line(tmp_path):
     proc = _cli("doctor", "--no-engine", "--model", str(tmp_path))
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith("statescope doctor: model:")
+    assert proc.returncode == 2  # a model that is not there is bad input (issue 24)
+    assert proc.stderr.strip().splitlines()[-1].startswith("statescope doctor: ")
     assert "config.json: missing" in proc.stderr
 
 

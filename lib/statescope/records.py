@@ -115,7 +115,13 @@ class ResultsStore:
         self.run_dir = self.root / run_id
         self.records_path = self.run_dir / RECORDS_FILE
         self.manifest_path = self.run_dir / MANIFEST_FILE
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InputError(f"results store {self.run_dir}: a file is in the way (expected "
+                             f"{self.root} and its run folder to be directories)") from None
+        except PermissionError:
+            raise InputError(f"results store {self.run_dir}: permission denied") from None
         self._fh = None
         self._keys: set[tuple] | None = None
 
@@ -290,11 +296,30 @@ def list_runs(root: Path | str) -> pd.DataFrame:
 
 
 def new_run_id(prefix: str = "run") -> str:
-    """A fresh, sortable run id (``prefix-YYYYmmdd-HHMMSS-xxxx``)."""
+    """A fresh, sortable run id (``prefix-YYYYmmdd-HHMMSS-PID-xxxxxxxx``): the process id keeps
+    two processes apart, 32 random bits two calls of one process within a second."""
     import secrets
     import time
 
-    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def claim_run_id(root: Path | str, prefix: str = "run") -> str:
+    """A ``new_run_id`` whose folder under ``root`` this call created (exclusively, so no other
+    process or thread can be handed the same one)."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(f"results root {root}: a file is in the way, expected a directory") from None
+    for _ in range(16):
+        run_id = new_run_id(prefix)
+        try:
+            (root / run_id).mkdir()
+        except FileExistsError:
+            continue
+        return run_id
+    raise EnvironmentError(f"results root {root}: could not claim a fresh run id")
 
 
 def rows_by_request(rows: Any, build: str | None = None,

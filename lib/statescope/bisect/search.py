@@ -73,7 +73,9 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
     probes, posteriors, used, stopped, skipped, skipped_at = [], [], 0, "max_probes", {}, set()
     m = first
     while len(probes) < max_probes:
-        if m.max() >= confidence:
+        # evidence is probes or given observations; the prior alone is never "confident" (with
+        # two items a one-change model places the change before any probe)
+        if m.max() >= confidence and (probes or observations):
             stopped = "confident"
             break
         if budget is not None and used + requests_per_probe > budget:

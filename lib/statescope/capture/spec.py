@@ -112,9 +112,16 @@ class CaptureSpec:
     def load(cls, path: str | os.PathLike) -> "CaptureSpec":
         p = Path(path)
         try:
-            raw = json.loads(p.read_text())
+            raw = json.loads(p.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise InputError(f"capture spec {p}: file not found ({ENV_CAPTURE} names it)") from None
+        except IsADirectoryError:
+            raise InputError(f"capture spec {p}: is a directory, expected a JSON file") from None
+        except UnicodeDecodeError as exc:
+            raise InputError(f"capture spec {p}: not UTF-8 text (byte {exc.start}); expected a "
+                             "JSON file") from None
+        except OSError as exc:
+            raise InputError(f"capture spec {p}: cannot be read ({exc.strerror})") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"capture spec {p}: not valid JSON ({exc})") from None
         spec = cls.from_dict(raw, source=str(p))
@@ -156,7 +163,8 @@ class CaptureSpec:
         if isinstance(self.projections, bool) or not isinstance(self.projections, int) \
                 or not 0 <= self.projections <= 16:
             self._bad("projections", "an integer in 0..16")
-        if not isinstance(self.flush_interval_s, (int, float)) or self.flush_interval_s <= 0:
+        if isinstance(self.flush_interval_s, bool) or not isinstance(self.flush_interval_s, (int, float)) \
+                or not self.flush_interval_s > 0:
             self._bad("flush_interval_s", "a positive number of seconds")
         for name in ("census", "draft_columns", "accelerator_path"):
             if not isinstance(getattr(self, name), bool):
@@ -179,7 +187,7 @@ class CaptureSpec:
                              or not all(isinstance(x, str) and x for x in r[key])):
                 raise InputError(f"capture spec {self.source}: field 'requests.{key}': expected a "
                                  "non-empty list of non-empty strings")
-        if "seed" in r and not isinstance(r["seed"], int):
+        if "seed" in r and (isinstance(r["seed"], bool) or not isinstance(r["seed"], int)):
             raise InputError(f"capture spec {self.source}: field 'requests.seed': expected an int")
 
     def _validate_full(self) -> None:

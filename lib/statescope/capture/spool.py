@@ -5,9 +5,10 @@ spends while vLLM steps is a millisecond of throughput, whichever thread spends 
 a step into table rows (census decode and classification, per-request rows, parquet) is the
 largest such cost (1.6-3.2 ms per step on the H200, round 3). With ``emit: "idle"`` (the default
 on an accelerator) the flusher only appends each finished step, as host values, to
-``spool.bin`` in the run directory — one ``pickle`` and one ``write`` — and the rows are made when
-no engine step has started for ``IDLE_S`` seconds, when ``defer_max_steps`` steps wait, or at
-flush/close. The spool is a write-ahead log: the manifest's ``spool_emitted`` is the byte offset up
+``spool.bin`` in the run directory — one encoding (``statescope.capture.spool_format``: data only,
+never pickle, as a run directory from someone else must be safe to recover) and one ``write`` —
+and the rows are made when no engine step has started for ``IDLE_S`` seconds, when
+``defer_max_steps`` steps wait, or at flush/close. The spool is a write-ahead log: the manifest's ``spool_emitted`` is the byte offset up
 to which its steps are in the tables, so after a crash or kill ``recover(run_dir)`` (CLI
 ``statescope capture-recover DIR``) emits the rest from the manifest alone.
 
@@ -19,49 +20,17 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import struct
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import numpy as np
-import torch
-
+from statescope.capture import spool_format
 from statescope.errors import InputError
 
 SPOOL = "spool.bin"
 IDLE_S = 0.25  # no engine step for this long: emit what waits
 _HEADER = struct.Struct("<Q")
-
-
-class _HostPickler(pickle.Pickler):
-    """Torch tensors travel as numpy arrays (a memcpy, not torch's storage protocol); numpy
-    arrays as their raw bytes (half the cost of numpy's own reduce for the step's small arrays)."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray and not obj.dtype.hasobject:
-            return _array_from_bytes, (obj.tobytes(), obj.dtype.str, obj.shape)
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type != "cpu":  # a launch's device input: emit takes it from the packed copy
-                return _device_placeholder, ()
-            t = obj.detach()
-            if t.dtype == torch.bfloat16:  # numpy has no bfloat16: carry the bits
-                return _bf16_from_numpy, (t.view(torch.int16).numpy().copy(),)
-            return torch.from_numpy, (t.numpy().copy(),)
-        return NotImplemented
-
-
-def _array_from_bytes(data: bytes, dtype: str, shape: tuple) -> np.ndarray:
-    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
-
-
-def _device_placeholder() -> None:
-    return None
-
-
-def _bf16_from_numpy(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(a).view(torch.bfloat16)
 
 
 def host_item(item: dict) -> dict:
@@ -70,7 +39,7 @@ def host_item(item: dict) -> dict:
 
 
 class Spool:
-    """Append-only, length-prefixed pickles of finished steps (``run_dir/spool.bin``)."""
+    """Append-only, length-prefixed records of finished steps (``run_dir/spool.bin``)."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = Path(run_dir) / SPOOL
@@ -88,9 +57,7 @@ class Spool:
             return self.offset
         out = io.BytesIO()
         for item in items:
-            buf = io.BytesIO()
-            _HostPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(host_item(item))
-            data = buf.getbuffer()
+            data = spool_format.encode(host_item(item))
             out.write(_HEADER.pack(len(data)))
             out.write(data)
         with self._lock:
@@ -128,10 +95,13 @@ def read_spool(run_dir: str | os.PathLike, start: int = 0) -> Iterator[tuple[int
             if len(data) < n:
                 return
             try:
-                item = pickle.loads(data)
-            except Exception as exc:
+                item = spool_format.decode(data)
+            except spool_format.SpoolFormatError as exc:
                 raise InputError(f"{path}: step record at byte {f.tell() - n - _HEADER.size} is "
-                                 f"not readable ({type(exc).__name__}: {exc})") from None
+                                 f"not a statescope spool record ({exc})") from None
+            if not isinstance(item, dict) or not isinstance(item.get("engine_step"), int):
+                raise InputError(f"{path}: step record at byte {f.tell() - n - _HEADER.size} is "
+                                 "not a step (expected a dict with an integer 'engine_step')")
             yield f.tell(), item
 
 

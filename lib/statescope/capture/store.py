@@ -97,7 +97,7 @@ class CaptureWriter:
         part and shard numbers follow those on disk, the manifest keeps its fields."""
         self = cls.__new__(cls)
         self.run_dir = Path(run_dir)
-        self.manifest = json.loads((self.run_dir / MANIFEST).read_text())
+        self.manifest = read_manifest(self.run_dir / MANIFEST)
         self.max_bytes = int(self.manifest.get("spec", {}).get("max_bytes") or 2**62)
         self._rows = {t: [] for t in TABLES}
         self._tables = {t: [] for t in TABLES}
@@ -216,6 +216,19 @@ class CaptureWriter:
         os.replace(tmp, self.run_dir / MANIFEST)
 
 
+def read_manifest(path: Path) -> dict:
+    """A run's manifest; ``InputError`` naming the file when it is not a readable JSON object."""
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"capture run manifest {path}: expected a JSON object as a capture run "
+                         f"writes it, got an unreadable file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"capture run manifest {path}: expected a JSON object, got "
+                         f"{type(manifest).__name__}")
+    return manifest
+
+
 class CaptureRun:
     """A capture run on disk, read back."""
 
@@ -224,7 +237,7 @@ class CaptureRun:
         mf = self.path / MANIFEST
         if not mf.is_file():
             raise InputError(f"capture run {self.path}: no {MANIFEST} (not a capture run directory)")
-        self.manifest = json.loads(mf.read_text())
+        self.manifest = read_manifest(mf)
         if self.manifest.get("format") != FORMAT:
             raise InputError(f"capture run {mf}: format {self.manifest.get('format')!r}, "
                              f"expected {FORMAT!r}")

@@ -16,18 +16,67 @@ from typing import Any
 
 from statescope.bisect.search import bayesian_bisect, bisect_settings, plain_bisect
 from statescope.bisect.sim import FlakyOracle
+from statescope.errors import InputError
 
 
-def _parse_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
+MIN_ITEMS = 3  # with two, a one-change model knows the answer before any probe
+
+
+def _simulated(text: str) -> tuple[int, int, float, float]:
+    """``N:CHANGE:RATE_BEFORE:RATE_AFTER`` with N, CHANGE integers and rates in [0, 1]."""
+    from statescope.cli.assignments import parse_value
+
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise InputError(f"--simulate {text!r}: expected N:CHANGE:RATE_BEFORE:RATE_AFTER")
+    where = f"--simulate {text!r}"
+    n, change = (parse_value(p, int, f"{where}: {name}") for p, name in zip(parts[:2], ("N", "CHANGE")))
+    before, after = (parse_value(p, float, f"{where}: {name}")
+                     for p, name in zip(parts[2:], ("RATE_BEFORE", "RATE_AFTER")))
+    if n < MIN_ITEMS or not 1 <= change < n or not (0 <= before <= 1 and 0 <= after <= 1):
+        raise InputError(f"{where}: expected N >= {MIN_ITEMS}, 1 <= CHANGE < N and rates in [0, 1]")
+    return n, change, float(before), float(after)
+
+
+def _setting_values(text: str) -> tuple[str, list]:
+    """``AXIS=V1,V2,...``: AXIS an EngineConfig field, each value of that field's type."""
+    from statescope.cli.assignments import dataclass_fields, parse_value
+    from statescope.engine.config import EngineConfig
+
+    fields = dataclass_fields(EngineConfig)
+    axis, sep, values = text.partition("=")
+    if not sep or axis not in fields or axis == "model":
+        raise InputError(f"--settings {text!r}: expected AXIS=V1,V2,... with AXIS one of "
+                         f"{sorted(f for f in fields if f != 'model')}")
+    items = [parse_value(v, fields[axis], f"--settings {text!r}: value {v!r} of {axis}")
+             for v in values.split(",")]
+    if len(items) < MIN_ITEMS:
+        raise InputError(f"--settings {text!r}: expected at least {MIN_ITEMS} ordered values (with "
+                         f"{len(items)}, compare them with statescope reproduce or matrix)")
+    for v in items:  # each value must make a valid configuration before anything runs
+        EngineConfig(**{axis: v})
+    return axis, items
+
+
+def _check_cells(args: argparse.Namespace) -> None:
+    """What every probe would only find out after installing a build and starting engines."""
+    from statescope.cli.builds import check_cell_arguments
+
+    check_cell_arguments(args)
+    if args.requests_per_probe is not None and args.requests_per_probe < 1:
+        raise InputError(f"--requests-per-probe {args.requests_per_probe}: expected an integer >= 1")
+    if args.budget is not None and args.budget < 1:
+        raise InputError(f"--budget {args.budget}: expected an integer >= 1")
+    if not 0 < args.confidence < 1:
+        raise InputError(f"--confidence {args.confidence}: expected a probability in (0, 1)")
+    if args.mode not in ("regression", "fix"):
+        raise InputError(f"--mode {args.mode!r}: expected 'regression' or 'fix'")
 
 
 def _cmd_bisect(args: argparse.Namespace) -> int:
     from statescope import builds
 
+    _check_cells(args)
     kw = dict(mode=args.mode, requests_per_probe=args.requests_per_probe)
     cells = dict(preset=args.preset, unit=args.unit, control=args.control, store_root=args.runs,
                  installer=args.installer)
@@ -38,13 +87,15 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         kw["requests_per_probe"] = {"episode": eps, "request": eps * steps}.get(args.unit, 1) \
             if not args.simulate else 20
     if args.simulate:
-        n, change, before, after = (_parse_value(x) for x in args.simulate.split(":"))
+        n, change, before, after = _simulated(args.simulate)
         items, probe = range(n), FlakyOracle(n, change, before, after, seed=args.seed)
     elif args.settings:
-        axis, _, values = args.settings.partition("=")
-        items, probe = [_parse_value(v) for v in values.split(",")], builds.build_probe(
-            setting=axis, build=args.build, **cells)
+        axis, items = _setting_values(args.settings)
+        probe = builds.build_probe(setting=axis, build=args.build, **cells)
     else:
+        if len(args.builds) < MIN_ITEMS:
+            raise InputError(f"--builds: expected at least {MIN_ITEMS} ordered builds (with "
+                             f"{len(args.builds)}, compare them with statescope matrix)")
         specs = [builds.BuildSpec.parse(s) for s in args.builds]
         items = builds.plant_regression(specs, args.plant_from) if args.plant_from is not None else specs
         probe = builds.build_probe(**cells)

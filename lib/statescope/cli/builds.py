@@ -36,7 +36,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_cell_arguments(args: argparse.Namespace) -> None:
+    """The options every cell would only reject after an install and an engine start."""
+    from statescope.errors import InputError
+    from statescope.verdict.reproduce import UNITS, standard_arms
+
+    if args.unit not in UNITS:
+        raise InputError(f"--unit {args.unit!r}: expected one of {UNITS}")
+    standard_arms(args.control)  # an unknown control is an InputError naming the choices
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    check_cell_arguments(args)
     m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
                      store_root=args.runs, installer=args.installer)
     print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else m.frame()[

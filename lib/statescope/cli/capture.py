@@ -50,20 +50,24 @@ def capture_command(args: argparse.Namespace) -> int:
     from statescope.engine.offline import OfflineEngine
     from statescope.engine.config import EngineConfig
     from statescope.workload.episodes import run_episodes, shared_prefix_episodes
+    from statescope.engine.config import model_path
+    from statescope.engine.modeldir import check_model_dir
+    from statescope.verdict.inputs import parse_copy_semantics
 
     spec = _spec_from_args(args)
     if not spec.enabled:
         raise InputError("statescope capture: the spec's mode is 'off'; nothing would be recorded")
-    import dataclasses
+    from statescope.cli.assignments import dataclass_fields, parse_assignments
 
-    from statescope.cli.assignments import parse_assignments
-    from statescope.engine.config import model_path
-
-    overrides = parse_assignments(args.set, "--set", [f.name for f in dataclasses.fields(EngineConfig)])
+    for name in ("episodes", "steps", "max_tokens"):  # before the engine starts
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    semantics = parse_copy_semantics(args.copy_semantics)
+    overrides = parse_assignments(args.set, "--set", dataclass_fields(EngineConfig))
     config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
-    if args.copy_semantics:
-        name, _, tile = args.copy_semantics.partition(":")
-        cpu_kernels.set_copy_semantics(name, int(tile) if tile else cpu_kernels.DEFAULT_TILE_BYTES)
+    check_model_dir(config.model)
+    if semantics:
+        cpu_kernels.set_copy_semantics(*semantics)
     with OfflineEngine(config) as engine:
         capture.install(spec)
         try:

@@ -21,8 +21,12 @@ def _print(obj, as_json: bool) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from statescope.engine.config import model_path
     from statescope.engine.doctor import run_doctor
+    from statescope.engine.modeldir import check_model_dir
 
+    if args.model is not None:  # a model that is not there is bad input (2), not a broken setup (1)
+        check_model_dir(model_path(args.model))
     report = run_doctor(args.model, start_engine=not args.no_engine)
     report.census = _installed_census()
     if args.json:
@@ -166,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except InputError as exc:
         print(f"statescope {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        if exc.filename is None:  # not about a path the user named: a real failure
+            raise
+        # last resort for a path no check above caught: one line, exit 2, no traceback
+        print(f"statescope {args.command}: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     except StatescopeError as exc:
         print(f"statescope {args.command}: {exc}", file=sys.stderr)

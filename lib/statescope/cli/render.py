@@ -14,31 +14,51 @@ import argparse
 import json
 import sys
 
+from statescope.errors import InputError
 
-def _parameters(pairs: list[str] | None) -> dict:
-    from statescope.cli.assignments import parse_assignments
 
-    return parse_assignments(pairs, "-p")
+def _parameters(pairs: list[str] | None, sources: list) -> dict:
+    """``-p`` pairs checked against the parameters every named notebook declares: an unknown
+    name, or a value of another type than the default's, is an error before any kernel starts."""
+    from statescope.cli.assignments import FieldType, literal_kind, parse_assignments
+    from statescope.share.parameters import declared_parameters
+    from statescope.share.render import _source_notebook
+
+    if not pairs:
+        return {}
+    fields: dict | None = None
+    for source in sources:
+        stem, nb = _source_notebook(source)
+        declared = {k: literal_kind(v) for k, v in declared_parameters(nb, stem).items()}
+        if not declared:
+            raise InputError(f"-p: notebook {stem} has no cell tagged 'parameters'; it takes no -p")
+        fields = declared if fields is None else {
+            k: FieldType(tuple(dict.fromkeys(fields[k].types + declared[k].types)))
+            for k in fields if k in declared}  # with several notebooks: names all of them take
+    return parse_assignments(pairs, "-p", fields)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     import os
 
-    from statescope.errors import InputError
     from statescope.share.render import notebook_paths, render_all, render_for_sharing
 
     if not args.all and not args.notebooks:
         raise InputError("render: name notebooks (or paths), or pass --all")
+    if args.timeout <= 0:
+        raise InputError(f"--timeout {args.timeout}: expected a positive number of seconds per cell")
+    sources = notebook_paths(args.notebooks or None) if args.all else list(args.notebooks)
+    for s in sources:  # fail on a bad name before executing anything
+        if not os.path.isfile(s):
+            notebook_paths([str(s)])
     os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
-    kw = dict(parameters=_parameters(args.param), png=not args.no_png, timeout_s=args.timeout)
+    kw = dict(parameters=_parameters(args.param, sources), png=not args.no_png,
+              timeout_s=args.timeout)
     if args.all:
         results = render_all(args.out, names=args.notebooks or None, **kw)
     else:
-        sources = [n for n in args.notebooks]
-        for s in sources:  # fail on a bad name before executing anything
-            if not os.path.isfile(s):
-                notebook_paths([s])
         results = [render_for_sharing(s, args.out, **kw) for s in sources]
+    results = _shareable(results)
     for r in results:
         pngs = sum(1 for f in r["figures"] if f["png"])
         print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['dir']} ({r['seconds']:.0f} s, "
@@ -51,15 +71,27 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _shareable(results: list[dict]) -> list[dict]:
+    """What the command prints is pasted too: scrubbed, and checked like the files."""
+    from statescope.share.leakcheck import check_text
+    from statescope.share.scrub import Scrubber
+
+    scrubber = Scrubber.for_environment()
+    results = scrubber.scrub_obj(results)
+    check_text(json.dumps(results, default=str), "render's printed result", scrubber)
+    return results
+
+
 def add_render_subcommand(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("render", help="execute notebooks (papermill) and write scrubbed HTML, "
                                       "Markdown, PNGs and an issue-ready summary.md")
     r.add_argument("notebooks", nargs="*", help="notebook names in notebooks/ or paths")
     r.add_argument("--all", action="store_true", help="every notebook in notebooks/, plus INDEX.md")
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
-                   help="papermill parameter (repeatable; VALUE is JSON, else a string)")
+                   help="papermill parameter (repeatable; NAME one the notebook's parameters cell "
+                        "declares, VALUE JSON of its default's type, else a string)")
     r.add_argument("--out", default="reports/share")
     r.add_argument("--no-png", action="store_true", help="skip the PNG export (no Chromium needed)")
-    r.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    r.add_argument("--timeout", type=int, default=1800, help="seconds per cell (> 0)")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_render)

@@ -16,12 +16,12 @@ from statescope.cli.assignments import parse_assignments
 
 
 def _config_overrides(pairs: list[str], where: str) -> dict:
-    """``key=value`` pairs for EngineConfig fields (``--trigger-set`` / ``--control-set``)."""
-    import dataclasses
-
+    """``key=value`` pairs for EngineConfig fields (``--trigger-set`` / ``--control-set``), each
+    value of its field's type (``enable_prefix_caching=yes`` is an error, not a cast)."""
+    from statescope.cli.assignments import dataclass_fields
     from statescope.engine.config import EngineConfig
 
-    return parse_assignments(pairs, where, [f.name for f in dataclasses.fields(EngineConfig)])
+    return parse_assignments(pairs, where, dataclass_fields(EngineConfig))
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -38,17 +38,20 @@ def cmd_workload(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    import time
-
     from statescope.engine.config import model_path
     from statescope.patches.faults import FaultSpec
+    from statescope.verdict.inputs import parse_copy_semantics, parse_fault
     from statescope.verdict.reproduce import reproduce, standard_arms
     from statescope.workload.episodes import preset_trace
-    from statescope.workload.trace import read_trace
-
     from statescope.verdict.reproduce import load_arm_run
     from statescope.workload.episodes import parse_seeds, seeds_trace
+    from statescope.workload.trace import read_trace
 
+    if args.trace and args.geometry:
+        raise InputError("--geometry applies to --preset traces; a --trace file places its own "
+                         "prompt ends (its steps' 'geometry' field)")
+    if args.trace and args.seeds:
+        raise InputError("--seeds applies to --preset traces; a --trace file is one trace")
     if args.trace:
         trace = read_trace(args.trace)
     elif args.seeds:
@@ -61,9 +64,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
     control.config = control.config.replace(**common, **_config_overrides(args.control_set, "--control-set"))
     if args.fault:
-        kind, _, rest = args.fault.partition(":")
-        rate = float(rest) if rest else 1.0
+        kind, rate = parse_fault(args.fault)
         trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
+    parse_copy_semantics(args.copy_semantics)
     trigger.copy_semantics = args.copy_semantics
     if args.trigger_patch:
         from statescope.patches.registry import parse_patch
@@ -71,8 +74,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         for name in args.trigger_patch:
             parse_patch(name)  # bad names fail here, before any engine starts
         trigger.patches = tuple(args.trigger_patch)
-    result = reproduce(trigger, control, trace, store_root=args.runs,
-                       run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
+    # reproduce() checks everything else (unit, alpha, runner, trace, store) before any engine
+    # starts; without --run-id it claims a fresh, unique one
+    result = reproduce(trigger, control, trace, store_root=args.runs, run_id=args.run_id,
                        runner=args.runner, unit=args.unit, concurrency=args.concurrency,
                        episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha,
                        control_run=control_run)

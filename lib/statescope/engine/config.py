@@ -53,20 +53,38 @@ class EngineConfig:
         def bad(name: str, expected: str) -> None:
             raise InputError(f"EngineConfig.{name}={getattr(self, name)!r}: expected {expected}")
 
+        def is_int(value: Any) -> bool:  # True is an int to Python, never a count to us
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "true or false")
+        for name in ("async_scheduling", "enable_chunked_prefill"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                bad(name, "true, false or None")
+        if isinstance(self.model, os.PathLike):  # a path is a model name's other spelling
+            object.__setattr__(self, "model", os.fspath(self.model))
+        for name in ("model", "dtype", "mamba_ssm_cache_dtype"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                bad(name, "a non-empty string")
+        if not is_int(self.seed):
+            bad("seed", "an integer")
+        if not isinstance(self.extra, dict):
+            bad("extra", "a dict of further vLLM engine arguments")
         if self.mamba_cache_mode is not None and self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             bad("mamba_cache_mode", f"one of {MAMBA_CACHE_MODES} or None")
         if self.speculative_method is not None and self.speculative_method not in SPEC_METHODS:
             bad("speculative_method", f"one of {SPEC_METHODS} or None")
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
+        if not is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 0:
             bad("num_speculative_tokens", "an integer >= 0")
         if self.speculative_method and self.num_speculative_tokens == 0:
             bad("num_speculative_tokens", f">= 1 when speculative_method={self.speculative_method!r}")
         for name in ("max_num_seqs", "max_model_len", "kv_cache_memory_bytes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+            if not is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 bad(name, "a positive integer")
         for name in ("mamba_block_size", "max_num_batched_tokens"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (not is_int(value) or value <= 0):
                 bad(name, "a positive integer or None")
         share = self.gpu_memory_utilization
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))

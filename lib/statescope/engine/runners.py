@@ -310,6 +310,7 @@ class StepRequest:
     episode: str
     step: int
     prompt: Prompt
+    source: str | None = None  # where the step came from ("trace.jsonl:12"), for errors
 
 
 # next_step(episode_id, history) -> the episode's next StepRequest, or None when it is finished.
@@ -352,6 +353,20 @@ def _stored_history(store: ResultsStore, build: str, config_hash: str,
     return history
 
 
+TOO_LONG = ("longer than the maximum model length", "maximum context length")
+
+
+def _name_too_long(exc: BaseException, reqs: Sequence[StepRequest]) -> None:
+    """vLLM refuses a prompt longer than the model length naming no request: say which step."""
+    text = str(exc)
+    if not any(marker in text for marker in TOO_LONG):
+        return
+    where = ", ".join(f"{r.source + ': ' if r.source else ''}episode {r.episode!r} step {r.step}"
+                      for r in reqs[:4]) + (f" (and {len(reqs) - 4} more)" if len(reqs) > 4 else "")
+    raise InputError(f"{where}: the prompt does not fit the engine's max_model_len "
+                     f"({text.strip().splitlines()[0][:300]})") from exc
+
+
 def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, store: ResultsStore, *,
               build: str, config_hash: str, max_tokens: int = 32, logprobs: int = 2,
               ignore_eos: bool = False, all_at_once: bool = False) -> list[dict]:
@@ -386,12 +401,22 @@ def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, stor
     gen_kw = dict(max_tokens=max_tokens, logprobs=logprobs, ignore_eos=ignore_eos)
     if not hasattr(runner, "agenerate"):
         while wave := [r for ep in episodes if (r := next_of(ep)) is not None]:
-            for req, rec in zip(wave, runner.generate([r.prompt for r in wave], **gen_kw)):
+            try:
+                records = runner.generate([r.prompt for r in wave], **gen_kw)
+            except Exception as exc:
+                _name_too_long(exc, wave)
+                raise
+            for req, rec in zip(wave, records):
                 store_row(req, rec)
         return new_rows
 
     async def send(session: _Session, req: StepRequest) -> None:
-        store_row(req, (await runner.agenerate([req.prompt], session=session, **gen_kw))[0])
+        try:
+            rec = (await runner.agenerate([req.prompt], session=session, **gen_kw))[0]
+        except Exception as exc:
+            _name_too_long(exc, [req])
+            raise
+        store_row(req, rec)
 
     async def episode_loop(session: _Session, ep: str) -> None:
         while (req := next_of(ep)) is not None:

@@ -288,7 +288,9 @@ class VllmServer:
         with open(self.log_path, "ab") as log:
             self._guard = subprocess.Popen(
                 [python or sys.executable, "-m", "statescope.engine.server_guard", str(os.getpid()),
-                 "--grace", str(grace_s), "--", *self.command],
+                 "--grace", str(grace_s),
+                 *(["--orphan-log", str(self.log_path)] if self._temp_log else []),
+                 "--", *self.command],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=run_env,
                 start_new_session=True)
         self.guard_pid = self.pgid = self._guard.pid  # session leader => its pid is the pgid

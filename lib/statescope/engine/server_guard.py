@@ -1,6 +1,7 @@
 """Watchdog wrapper that keeps a launched server from outliving the process that launched it.
 
-Usage: ``python -m statescope.engine.server_guard PARENT_PID [--grace S] -- CMD ...``. The guard is meant to
+Usage: ``python -m statescope.engine.server_guard PARENT_PID [--grace S] [--orphan-log PATH]
+-- CMD ...``. The guard is meant to
 be started as the leader of a fresh process group (``start_new_session=True``); it runs CMD as a
 child in that same group and then watches three things:
 
@@ -10,7 +11,9 @@ child in that same group and then watches three things:
   guard exits with CMD's status.
 
 Teardown = SIGTERM to every other member of the group, wait up to ``--grace`` seconds, SIGKILL
-whatever is left. The child also gets ``PR_SET_PDEATHSIG(SIGTERM)`` so it is told to stop even if
+whatever is left. ``--orphan-log PATH``: a log in the temp folder that only the launcher would
+have read; when the launcher is gone, the guard removes it after the teardown (nobody is left to
+read it, and logs of killed drivers must not pile up in the temp folder). The child also gets ``PR_SET_PDEATHSIG(SIGTERM)`` so it is told to stop even if
 the guard itself is SIGKILLed.
 
 What it deliberately does not do: restart anything, read the server's output, or touch processes
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                                      usage="%(prog)s PARENT_PID [--grace S] -- CMD ...")
     parser.add_argument("parent_pid", type=int)
     parser.add_argument("--grace", type=float, default=15.0)
+    parser.add_argument("--orphan-log", default=None)
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         parser.error("expected a command after '--'")
     split = argv.index("--")
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         if parent_gone or stop["signal"] is not None:
             teardown_group(pgid, args.grace, exclude=me)
             child.poll()  # reap it so it does not linger as a zombie
+            if parent_gone and args.orphan_log:
+                Path(args.orphan_log).unlink(missing_ok=True)
             return 0 if stop["signal"] is not None else 1
         time.sleep(POLL_S)
 

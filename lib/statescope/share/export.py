@@ -7,7 +7,8 @@ interactive figure. ``to_html`` renders the whole notebook; ``to_markdown`` rend
 Markdown in which each plotly figure is its PNG (or a "not exported: why" line), widgets become a
 note, and HTML tables lose the ``<style>`` blocks GitHub would show as text.
 
-What it deliberately does not do: execute notebooks or scrub (``statescope.share.render`` does both).
+What it deliberately does not do: execute notebooks (``statescope.share.render``) or scrub
+(``statescope.share.publish`` scrubs the notebook before any of this runs on it).
 """
 from __future__ import annotations
 

@@ -10,9 +10,11 @@ where it stopped.
 papermill parameters, records the resolved configuration of every engine the notebook starts,
 writes ``<out>/<stem>/`` with ``<stem>.html``, ``<stem>.md`` (GitHub-flavoured, figures as PNG),
 ``summary.md`` (issue-ready), ``figures/*.png``, ``data/*.json`` (the data behind each figure)
-and ``manifest.json`` (``statescope.share.envmanifest``), every text scrubbed
-(``statescope.share.scrub``), and then refuses the result (``SecretLeak``; the folder is emptied but
-for a ``REFUSED.md`` naming the file and pattern) if anything token-shaped survived.
+and ``manifest.json`` (``statescope.share.envmanifest``). The writing is
+``statescope.share.publish.write_shared``: every artefact made from the scrubbed notebook, then
+every file and name checked in every decoded view; a surviving secret refuses the render
+(``SecretLeak``; the folder is emptied but for a ``REFUSED.md`` naming the file and pattern). A
+cell over the per-cell timeout ends the run; the cells before it are still rendered.
 
 What it deliberately does not do: upload anything, or decide what a notebook computes.
 """
@@ -122,18 +124,15 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
 
     Returns a result dictionary (notebook, ok, error, seconds, files, figures, parameters). A
     failing notebook is still rendered (``ok`` False); a surviving secret raises ``SecretLeak``."""
-    import json
     import os
     import tempfile
 
     import nbformat
     import papermill
+    from nbclient.exceptions import CellTimeoutError
     from papermill.exceptions import PapermillExecutionError
 
-    from statescope.share import envmanifest
-    from statescope.share import export as render_share
-    from statescope.share import summary as render_summary
-    from statescope.share import scrub
+    from statescope.share import envmanifest, publish
 
     environ = dict(os.environ if environ is None else environ)
     stem, nb = _source_notebook(source)
@@ -153,61 +152,21 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
         nb.metadata.setdefault("language_info", {"name": "python"})
         src, done = Path(tmp) / f"{stem}.ipynb", Path(tmp) / f"{stem}.out.ipynb"
         nbformat.write(nb, src)
-        try:
+        try:  # saved after each cell: a cell over the timeout still leaves the cells before it
             papermill.execute_notebook(str(src), str(done), parameters=parameters or {},
                                        kernel_name="python3", cwd=str(REPO), progress_bar=False,
-                                       request_save_on_cell_execute=False, execution_timeout=timeout_s)
+                                       request_save_on_cell_execute=True, execution_timeout=timeout_s)
         except PapermillExecutionError as exc:
             error = f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
+        except CellTimeoutError:
+            error = f"a cell ran longer than the timeout ({timeout_s} s per cell); the cells after it did not run"
         executed = nbformat.read(done, as_version=4) if done.exists() else nb
         engines = envmanifest.read_engines(engines_log)
     executed.cells = [c for c in executed.cells if HOOK_TAG not in c.get("metadata", {}).get("tags", [])]
-    seconds = time.perf_counter() - t0
-    scrubber = scrub.Scrubber.for_environment(environ)
-    manifest = scrubber.scrub_obj(envmanifest.collect(engines, environ))
-    # a re-render after cells moved must not leave the old cells' figure files behind
-    stale = [*(out / "data").glob(f"{stem}-cell*-fig*.json")]
-    stale += [*(out / "figures").glob(f"{stem}-cell*-fig*.png")] if png else []
-    for f in stale:
-        f.unlink()
-    figures = render_share.extract_figures(executed, out, stem, png=png)
-    result = {"notebook": stem, "ok": error is None, "error": error, "seconds": seconds,
-              "parameters": parameters or {}, "figures": [vars(f) for f in figures], "dir": str(out),
-              "checks": [scrubber.scrub(f"{v} · {what}") for v, what in render_summary.checks_in(executed)]}
-    manifest_md = envmanifest.to_markdown(manifest)
-    footer = "\n\n---\n\n## Environment (statescope manifest)\n\n" + manifest_md
-    files = {
-        f"{stem}.html": render_share.to_html(executed, stem).replace(
-            "</body>", f"<details><summary>Environment (statescope manifest)</summary><pre>"
-                       f"{_escape(json.dumps(manifest, indent=1, default=str))}</pre></details></body>"),
-        f"{stem}.md": render_share.to_markdown(render_share.markdown_copy(executed, figures), out, stem)
-        + footer,
-        "summary.md": render_summary.summary_markdown(result, executed, manifest_md),
-        "manifest.json": json.dumps(manifest, indent=1, default=str),
-    }
-    for name, text in files.items():
-        (out / name).write_text(scrubber.scrub(text))
-    for data_file in (out / "data").glob("*.json") if (out / "data").is_dir() else []:
-        data_file.write_text(scrubber.scrub(data_file.read_text()))
-    result["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    try:
-        scrub.check_tree(out, environ)
-    except scrub.SecretLeak as exc:
-        # Nothing of a refused render may stay where it could be committed or pasted.
-        import shutil
-
-        shutil.rmtree(out)
-        out.mkdir(parents=True)
-        (out / "REFUSED.md").write_text(scrubber.scrub(f"render refused: {exc}\n"))
-        raise
-    result["summary_chars"] = len((out / "summary.md").read_text())
-    return result
-
-
-def _escape(text: str) -> str:
-    import html
-
-    return html.escape(text)
+    # Every artefact is made from the scrubbed notebook, then checked (statescope.share.publish).
+    return publish.write_shared(executed, out, stem, engines=engines, environ=environ,
+                                parameters=parameters or {}, error=error,
+                                seconds=time.perf_counter() - t0, png=png)
 
 
 def render_all(out_dir: str | Path = "docs/gallery", names: list[str] | None = None, **kw) -> list[dict]:

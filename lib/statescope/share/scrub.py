@@ -1,62 +1,109 @@
-"""Scrubbing for sharing: what may leave this machine in a rendered report, and a last check.
+"""Scrubbing for sharing: what may leave this machine in a rendered report.
 
 What it does:
 
 * ``allowed_env(environ)`` captures environment variables by **allowlist**: only the prefixes and
   names that change how vLLM/CUDA/torch/OpenMP behave (``VLLM_*``, ``CUDA_*``, ``OMP_*`` ...), and
-  never a name that looks like a credential (``*TOKEN*``, ``*KEY*``, ``*SECRET*`` ...), whatever
-  its prefix. Values are scrubbed too.
-* ``Scrubber.scrub(text)`` replaces the values of credential-named environment variables (``[redacted:NAME]``;
-  markers use brackets so they survive HTML, Markdown and JSON alike), any
-  token-shaped string (``SECRET_PATTERNS``), the repository path (``[repo]``), the home directory
-  (``~``), this machine's host names (``[host]``) and IPv4 addresses other than loopback
-  (``[ip]``).
-* ``find_secrets(text)`` / ``check_file`` / ``check_tree`` look for anything token-shaped that
-  survived; ``check_tree`` raises ``SecretLeak`` naming the file and the pattern (never the value).
+  never a name that looks like a credential or a proxy (``*TOKEN*``, ``*KEY*``, ``*PASS*``,
+  ``*PROXY*`` ...), whatever its prefix. Values are scrubbed too.
+* ``Scrubber.scrub(text)`` replaces the values of credential-named environment variables
+  (``[redacted:NAME]``; markers use brackets so they survive HTML, Markdown and JSON alike), every
+  token shape in ``SECRET_PATTERNS`` (API keys of the common services, PEM private keys, JWTs,
+  credentials in URLs, ``password=...``-style assignments to credential-named fields), the
+  repository path (``[repo]``), the home directory (``~``), this machine's host names (``[host]``)
+  and IP addresses other than loopback (``[ip]``, IPv4 and IPv6). It looks in the text as written
+  and in what the text says once decoded (``statescope.share.decoded``: HTML entities, JSON and URL
+  escapes, line-wrapped or reversed tokens, base64 runs), and replaces a secret found in a decoded
+  view at its encoded place in the original.
+* ``Scrubber.scrub_obj(obj)`` does the same to every string of a JSON-like structure, and redacts
+  the value of any key named like a credential.
+* ``SecretLeak`` is what the final check (``statescope.share.leakcheck``) raises.
 
-What it deliberately does not do: scrub binary images (PNG pixels are not searched, only their
-bytes as text), guess at secrets without a recognisable shape, or decide what a report contains.
+What it deliberately does not do: read pixels, guess at secrets without a recognisable shape or a
+credential-like name, or decide what a report contains.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from statescope.errors import StatescopeError
+from statescope.share import decoded
 
 REPO = Path(__file__).resolve().parents[3]
 
-# Token-shaped strings that must never reach a shared report. Each name appears in errors.
+# Field names that hold credentials: the strong words alone, the weak ones only as the last part
+# of a longer name (``DB_PASS``, ``api.token``; not ``max_tokens``, ``bypass`` or a bare ``token``).
+_STRONG = r"password|passwd|passphrase|secret|api[_-]?key|access[_-]?key|secret[_-]?key|private[_-]?key|credentials?"
+_WEAK = r"token|pass|pwd|auth|cookie"
+CREDENTIAL_FIELD = re.compile(rf"(?i)^(?:(?:[a-z0-9]+[_.-])*(?:{_STRONG})|(?:[a-z0-9]+[_.-])+(?:{_WEAK}))$")
+# Values that are not a secret however their field is named.
+_NOT_A_VALUE = r"(?!\[redacted|\[repo\]|None\b|null\b|true\b|false\b|undefined\b|\$|%\(|os\.|getenv|\*{3})"
+
+# Token-shaped strings that must never reach a shared report. Each name appears in errors; a
+# pattern with a group named ``s`` redacts only that group (the field name or scheme stays).
 SECRET_PATTERNS: dict[str, re.Pattern] = {
     "huggingface token (hf_...)": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
     "API key (sk-...)": re.compile(r"\bsk-[A-Za-z0-9_\-]{20,}"),
-    "bearer token": re.compile(r"\b[Bb]earer\s+[A-Za-z0-9\-._~+/]{16,}=*"),
+    "Stripe key (sk_live_...)": re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"),
+    "bearer token": re.compile(r"\b[Bb]earer\s+(?P<s>(?!\[redacted)[A-Za-z0-9\-._~+/]{16,}=*)"),
     "AWS access key id (AKIA...)": re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     "GitHub token (ghp_/gho_/ghs_...)": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"),
     "GitHub fine-grained token": re.compile(r"\bgithub_pat_[A-Za-z0-9_]{40,}"),
+    "GitLab token (glpat-...)": re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"),
+    "Slack token (xoxb-...)": re.compile(r"\bxox[abposre]-[A-Za-z0-9\-]{10,}"),
+    "Google API key (AIza...)": re.compile(r"\bAIza[0-9A-Za-z_\-]{35}"),
+    "npm token (npm_...)": re.compile(r"\bnpm_[A-Za-z0-9]{36}"),
+    "JSON web token": re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"),
+    "private key (PEM)": re.compile(
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END [A-Z0-9 ]*PRIVATE "
+        r"KEY(?: BLOCK)?-----|[A-Za-z0-9+/=\s:,-]*)"),
+    "credentials in a URL": re.compile(
+        r"\b[a-zA-Z][a-zA-Z0-9+.\-]{1,15}://(?P<s>(?!\[redacted)[^\s/@:<>\"'\[\]]+:[^\s/@<>\"'\[\]]+)@"),
     "credential assignment": re.compile(
-        r"\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|HUGGINGFACE_TOKEN|OPENAI_API_KEY|VLLM_API_KEY|"
-        r"AWS_SECRET_ACCESS_KEY|GITHUB_TOKEN|GH_TOKEN)['\"]?\s*[=:]\s*['\"]?(?!\[redacted)[^\s'\"<\[]{8,}"),
+        rf"(?i)(?<![a-z0-9_.-])(?:(?:[a-z0-9]+[_.-])*(?:{_STRONG})|(?:[a-z0-9]+[_.-])+(?:{_WEAK}))"
+        rf"(?![a-z0-9_])['\"]?[ \t]*[:=][ \t]*['\"]?(?P<s>{_NOT_A_VALUE}[^\s'\"<>\[\]{{}},;&]{{4,}})"),
 }
-# Names that look like credentials: never captured, and their values are redacted everywhere.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|ACCESS_KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE"
-                         r"|(?:^|_)KEY(?:$|_)", re.I)
+# Literal text each pattern needs (checked before the pattern runs: a substring test is ~50x
+# cheaper than a regex scan, and most text holds none of these); lower-cased where marked.
+HINTS: dict[str, tuple[str, ...]] = {
+    "huggingface token (hf_...)": ("hf_",), "API key (sk-...)": ("sk-",),
+    "Stripe key (sk_live_...)": ("k_live_", "k_test_"), "bearer token": ("earer",),
+    "AWS access key id (AKIA...)": ("AKIA", "ASIA"), "GitHub token (ghp_/gho_/ghs_...)": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    "GitHub fine-grained token": ("github_pat_",), "GitLab token (glpat-...)": ("glpat-",),
+    "Slack token (xoxb-...)": ("xox",), "Google API key (AIza...)": ("AIza",),
+    "npm token (npm_...)": ("npm_",), "JSON web token": ("eyJ",), "private key (PEM)": ("PRIVATE KEY",),
+    "credentials in a URL": ("://",),
+}
+LOWER_HINTS = {"credential assignment": ("pass", "secret", "key", "credential", "token", "pwd",
+                                         "auth", "cookie")}
+# Environment variable names that look like credentials (or proxies, whose URLs carry them):
+# never captured, and their values are redacted everywhere.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|_PASS$|PASSPHRASE|API_KEY|ACCESS_KEY|PRIVATE|CREDENTIAL"
+                         r"|AUTH|COOKIE|PROXY|(?:^|_)KEY(?:$|_)", re.I)
 # Settings that change how the engine behaves: the only environment a report carries.
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TRITON_",
                 "OMP_", "MKL_", "KMP_", "CUBLAS_", "CUDNN_", "NVIDIA_", "STATESCOPE_", "HF_HUB_",
                 "TRANSFORMERS_", "TOKENIZERS_")
 ENV_NAMES = ("LD_PRELOAD", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "HF_HUB_OFFLINE")
-IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
+IPV4 = re.compile(r"(?<![\d.])\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.])")
+IPV6_CANDIDATE = re.compile(r"(?<![0-9A-Za-z:.])(?:[0-9a-fA-F]{1,4}|:)(?::[0-9a-fA-F]{0,4}){2,7}(?![0-9A-Za-z:])")
 KEEP_IPS = ("127.0.0.1", "0.0.0.0")
 MIN_SECRET_LEN = 8  # shorter credential-named values ("1", "true") are not worth hunting for
+Span = tuple[int, int, str]  # (start, end, replacement)
 
 
 class SecretLeak(StatescopeError):
     """A token-like secret survived scrubbing in a file that was about to be shared."""
+
+
+def marker(pattern_name: str) -> str:
+    return f"[redacted:{pattern_name.split(' (')[0]}]"
 
 
 def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -84,6 +131,53 @@ def _host_names() -> list[str]:
                   key=len, reverse=True)
 
 
+def _keep_ip(ip: str) -> bool:
+    octets = [int(x) for x in ip.split(".")]
+    if any(o > 255 for o in octets):
+        return True  # not an address (a version or a number that looks like one)
+    return ip in KEEP_IPS or octets[0] == 127
+
+
+def _is_ipv6(text: str) -> bool:
+    """An address worth hiding: valid, not loopback/unspecified, and not a slice like ``1::2``."""
+    try:
+        addr = ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    groups = [g for g in text.split(":") if g]
+    return not (addr.is_loopback or addr.is_unspecified) and len(groups) >= 3
+
+
+def shape_spans(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, pattern name) of every token shape in ``text``."""
+    out = []
+    lower = None
+    for name, pattern in SECRET_PATTERNS.items():
+        if name in HINTS and not any(h in text for h in HINTS[name]):
+            continue
+        if name in LOWER_HINTS:
+            lower = text.lower() if lower is None else lower
+            if not any(h in lower for h in LOWER_HINTS[name]):
+                continue
+        for m in pattern.finditer(text):
+            start, end = m.span("s") if "s" in pattern.groupindex else m.span()
+            out.append((start, end, name))
+    return out
+
+
+def _apply(text: str, spans: Iterable[Span]) -> str:
+    """Replace ``spans`` (overlaps merged; the longest span at a start gives the replacement)."""
+    merged: list[list] = []
+    for start, end, repl in sorted(spans, key=lambda s: (s[0], -s[1])):
+        if merged and start < merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+            continue
+        merged.append([start, end, repl])
+    for start, end, repl in reversed(merged):
+        text = text[:start] + repl + text[end:]
+    return text
+
+
 @dataclass
 class Scrubber:
     """Replaces secrets, paths, host names and IPs in text. Build with ``for_environment``."""
@@ -106,61 +200,106 @@ class Scrubber:
         paths = sorted(set(paths), key=lambda p: len(p[0]), reverse=True)
         return cls(secrets, paths, _host_names())
 
-    def scrub(self, text: str) -> str:
-        # Known secret values first (longest first, so one value inside another cannot half-survive).
-        for value in sorted(self.secret_values, key=len, reverse=True):
-            text = text.replace(value, f"[redacted:{self.secret_values[value]}]")
-        for name, pattern in SECRET_PATTERNS.items():
-            text = pattern.sub(f"[redacted:{name.split(' (')[0]}]", text)
-        for path, repl in self.paths:
-            text = text.replace(path, repl)
-        for host in self.hosts:
-            text = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "[host]", text)
-        return IPV4.sub(lambda m: m.group(0) if _keep_ip(m.group(0)) else "[ip]", text)
+    @property
+    def host_pattern(self) -> re.Pattern | None:
+        if not self.hosts:
+            return None
+        alts = "|".join(re.escape(h) for h in self.hosts)
+        return re.compile(rf"(?<![\w.-])(?:{alts})(?![\w-])")
 
-    def scrub_obj(self, obj):
-        """``scrub`` applied to every string inside a JSON-like structure."""
+    def value_spans(self, text: str) -> list[Span]:
+        """Known secret values and token shapes."""
+        out = []
+        for value, name in self.secret_values.items():
+            start = text.find(value)
+            while start >= 0:
+                out.append((start, start + len(value), f"[redacted:{name}]"))
+                start = text.find(value, start + len(value))
+        out += [(s, e, marker(name)) for s, e, name in shape_spans(text)]
+        return out
+
+    def identity_spans(self, text: str) -> list[Span]:
+        """The repository and home paths, host names, IP addresses."""
+        out = []
+        for path, repl in self.paths:
+            start = text.find(path)
+            while start >= 0:
+                out.append((start, start + len(path), repl))
+                start = text.find(path, start + len(path))
+        hosts = self.host_pattern
+        if hosts is not None:
+            out += [(m.start(), m.end(), "[host]") for m in hosts.finditer(text)]
+        out += [(m.start(), m.end(), "[ip]") for m in IPV4.finditer(text) if not _keep_ip(m.group(0))]
+        out += [(m.start(), m.end(), "[ip]") for m in IPV6_CANDIDATE.finditer(text)
+                if _is_ipv6(m.group(0))]
+        return out
+
+    def spans(self, text: str) -> list[Span]:
+        return self.value_spans(text) + self.identity_spans(text)
+
+    def scrub(self, text: str) -> str:
+        if not isinstance(text, str) or not text:
+            return text
+        text = _apply(text, self.spans(text))
+        levels = decoded.unescaped_levels(text)
+        if levels:  # escaped: find in the decoded text, replace the escaped original
+            found = self.spans(levels[-1].text)
+            text = _apply(text, [(*decoded.to_source(levels, s, e), r) for s, e, r in found])
+        view = decoded.joined(text)
+        if view.changed:  # a token wrapped over lines or split by a tag
+            text = _apply(text, [(*view.to_source(s, e), r) for s, e, r in self.value_spans(view.text)])
+        n, backwards = len(text), text[::-1]
+        text = _apply(text, [(n - e, n - s, r) for s, e, r in self.value_spans(backwards)])
+        runs = [(span, r) for span, data in decoded.base64_runs(text)
+                if (r := self._hidden_in(data)) is not None]
+        return _apply(text, [(s, e, r) for (s, e), r in runs])
+
+    def _hidden_in(self, data: bytes) -> str | None:
+        """The replacement for a base64 run whose decoded bytes carry a secret, else None."""
+        texts = [data.decode("utf-8", "replace")] + decoded.png_texts(data)
+        for t in texts:
+            found = self.value_spans(t)
+            if found:
+                return f"[redacted:base64 holding {found[0][2].strip('[]').split(':', 1)[-1]}]"
+        return None
+
+    def scrub_obj(self, obj: Any) -> Any:
+        """``scrub`` applied to every string inside a JSON-like structure; the value of a key named
+        like a credential is redacted whatever it looks like; plotly's typed arrays are numbers."""
         if isinstance(obj, str):
             return self.scrub(obj)
         if isinstance(obj, Mapping):
-            return {self.scrub(str(k)): self.scrub_obj(v) for k, v in obj.items()}
+            if set(obj) == {"dtype", "bdata"} or set(obj) == {"dtype", "bdata", "shape"}:
+                return dict(obj)  # base64 of numbers: the final check still decodes it
+            out = {}
+            for k, v in obj.items():
+                key = self.scrub(str(k))
+                secret = CREDENTIAL_FIELD.match(str(k)) and isinstance(v, str) and len(v) >= 4
+                out[key] = f"[redacted:{key}]" if secret else self.scrub_obj(v)
+            return out
         if isinstance(obj, (list, tuple)):
             return [self.scrub_obj(v) for v in obj]
         return obj
 
 
-def _keep_ip(ip: str) -> bool:
-    octets = [int(x) for x in ip.split(".")]
-    if any(o > 255 for o in octets):
-        return True  # not an address (a version or a number that looks like one)
-    return ip in KEEP_IPS or octets[0] == 127
-
-
 def find_secrets(text: str, known_values: Iterable[str] = ()) -> list[str]:
-    """Names of the secret patterns (or env var values) present in ``text``; empty when clean."""
-    hits = [name for name, pattern in SECRET_PATTERNS.items() if pattern.search(text)]
+    """Names of the secret patterns (or env var values) present in ``text`` as written."""
+    hits = [name for _s, _e, name in shape_spans(text)]
     hits += ["value of a credential-named environment variable" for v in known_values
              if len(v) >= MIN_SECRET_LEN and v in text]
-    return hits
+    return sorted(set(hits))
 
 
 def check_file(path: str | Path, known_values: Iterable[str] = ()) -> None:
-    """Raise ``SecretLeak`` naming ``path`` and the pattern when a secret is in the file."""
-    path = Path(path)
-    text = path.read_bytes().decode("utf-8", errors="ignore")
-    hits = find_secrets(text, known_values)
-    if hits:
-        raise SecretLeak(f"{path}: a secret survived scrubbing ({', '.join(sorted(set(hits)))}); "
-                         f"the render was stopped, nothing from it may be shared")
+    """Raise ``SecretLeak`` naming ``path`` and the pattern when a secret is in the file (in any
+    decoded view: ``statescope.share.leakcheck``)."""
+    from statescope.share.leakcheck import check_file as _check
+
+    _check(path, Scrubber({v: "?" for v in known_values if len(v) >= MIN_SECRET_LEN}))
 
 
 def check_tree(root: str | Path, environ: Mapping[str, str] | None = None) -> int:
-    """``check_file`` on every file under ``root``; returns the number of files checked."""
-    environ = os.environ if environ is None else environ
-    known = [v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN]
-    n = 0
-    for path in sorted(Path(root).rglob("*")):
-        if path.is_file():
-            check_file(path, known)
-            n += 1
-    return n
+    """``statescope.share.leakcheck.check_tree``: every file and name under ``root``."""
+    from statescope.share.leakcheck import check_tree as _check
+
+    return _check(root, environ)

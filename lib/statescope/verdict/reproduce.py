@@ -108,7 +108,7 @@ def trace_next_step(trace: list[TraceStep], padder=None):
         geo = steps[k].geometry
         if geo and padder is not None:
             msgs, _ = padder.pad(msgs, geo["align"], geo.get("offset", 0))
-        return StepRequest(episode, k, msgs)
+        return StepRequest(episode, k, msgs, source=steps[k].source)
 
     return next_step
 
@@ -156,7 +156,9 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
             env["STATESCOPE_FAULT"] = dataclasses.replace(arm.fault, out=str(out)).to_env()
         if arm.copy_semantics:
             env["STATESCOPE_COPY_SEMANTICS"] = arm.copy_semantics
-        return ServerRunner.launch(arm.config, concurrency=concurrency, env=env)
+        out.mkdir(parents=True, exist_ok=True)  # the server's log stays with the run
+        return ServerRunner.launch(arm.config, concurrency=concurrency, env=env,
+                                   log_path=out / "server.log")
     if runner.startswith(("http://", "https://")):
         if arm.fault or arm.copy_semantics:
             raise InputError("reproduce: faults and emulated copy semantics need a runner that "
@@ -336,26 +338,31 @@ class ReproduceResult:
 
 
 def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
-              run_id: str, runner: str = "offline", unit: str = "episode",
+              run_id: str | None = None, runner: str = "offline", unit: str = "episode",
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
               alpha: float = 0.01, action_syntax: bool | None = None,
               control_run: ArmRun | None = None) -> ReproduceResult:
     """Run both arms (control first) and decide. ``action_syntax=None``: grade action syntax only
     when the control speaks the GUI-agent language (≥ 90% valid actions). ``control_run`` re-uses
-    a control arm already run on the same trace (its records stay where they were stored)."""
+    a control arm already run on the same trace (its records stay where they were stored).
+    ``run_id=None`` claims a fresh, unique one (``statescope.records.claim_run_id``)."""
+    from statescope.records import claim_run_id
+    from statescope.verdict.inputs import check_reproduce
     from statescope.workload import guilang
 
-    if trigger.name == control.name:
-        raise InputError("reproduce: trigger and control arms need different names")
-    store = ResultsStore(Path(store_root), run_id)
+    # every argument, the trace and the store, before the first engine starts
+    check_reproduce(trigger, control, trace, store_root=store_root, run_id=run_id, runner=runner,
+                    unit=unit, concurrency=concurrency, episodes_per_lifetime=episodes_per_lifetime,
+                    alpha=alpha)
+    if control_run is not None and control_run.trace_sha not in (None, trace_sha(trace)):
+        raise InputError(f"cannot compare {trigger.name} (this run) with {control_run.arm.name} "
+                         f"({control_run.run_dir}): they answer different traces (trace sha "
+                         f"{trace_sha(trace)} vs {control_run.trace_sha})")
+    store = ResultsStore(Path(store_root), run_id or claim_run_id(store_root, "repro"))
     with store:
         store.start(resolved_config={"trigger": trigger.config.to_dict(),
                                      "control": control.config.to_dict()},
                     extra={"labels": trigger.labels + control.labels, "runner": runner})
-        if control_run is not None and control_run.trace_sha not in (None, trace_sha(trace)):
-            raise InputError(f"cannot compare {trigger.name} (this run) with {control_run.arm.name} "
-                             f"({control_run.run_dir}): they answer different traces (trace sha "
-                             f"{trace_sha(trace)} vs {control_run.trace_sha})")
         ctl = control_run or run_arm(control, trace, store, runner=runner,
                                      concurrency=concurrency,
                                      episodes_per_lifetime=episodes_per_lifetime)

@@ -44,6 +44,8 @@ class TraceStep:
     expected: str | None = None
     geometry: dict | None = None
     extra: dict = field(default_factory=dict)
+    # where the step was read ("trace.jsonl:12"), for errors; not part of the step itself
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         out = {"trace_version": TRACE_VERSION, "episode": self.episode, "step": self.step,
@@ -96,6 +98,8 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
             _fail(path, lineno, f"field {key!r}: expected {desc}, got {value!r}")
     if obj["step"] < 0 or obj["max_tokens"] < 1:
         _fail(path, lineno, "field 'step' must be >= 0 and 'max_tokens' >= 1")
+    if obj.get("expected") is not None and not isinstance(obj["expected"], str):
+        _fail(path, lineno, f"field 'expected': expected a string or null, got {obj['expected']!r}")
     if "user" not in obj:
         _fail(path, lineno, "field 'user': missing")
     _check_parts(path, lineno, obj["user"])
@@ -106,32 +110,45 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
                             "'offset': int}")
     known = {"trace_version", "episode", "step", "system", "user", "max_tokens", "expected",
              "geometry"}
+    unknown = sorted(set(obj) - known)
+    if unknown:  # a misspelt field ("max_token") must not be ignored silently
+        _fail(path, lineno, f"unknown field(s) {unknown}; expected fields from {sorted(known)}")
     return TraceStep(obj["episode"], obj["step"], obj["system"], obj["user"], obj["max_tokens"],
-                     obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in known})
+                     obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in known},
+                     source=f"{path}:{lineno}")
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:
     """Read and validate a whole trace (steps of each episode must be 0..n-1, in order)."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected a trace file (JSON lines)")
     if not path.is_file():
         raise InputError(f"{path}: trace file does not exist")
     steps: list[TraceStep] = []
     next_step: dict[str, int] = {}
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                _fail(path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
-            step = parse_line(obj, path, lineno)
-            want = next_step.get(step.episode, 0)
-            if step.step != want:
-                _fail(path, lineno, f"field 'step': episode {step.episode!r} expected step {want}, "
-                                    f"got {step.step}")
-            next_step[step.episode] = want + 1
-            steps.append(step)
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")  # JSON strings may hold U+2028
+    except UnicodeDecodeError as exc:
+        lineno = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start}); expected JSON "
+                         "lines") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            _fail(path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
+        step = parse_line(obj, path, lineno)
+        want = next_step.get(step.episode, 0)
+        if step.step != want:
+            _fail(path, lineno, f"field 'step': episode {step.episode!r} expected step {want}, "
+                                f"got {step.step}")
+        next_step[step.episode] = want + 1
+        steps.append(step)
     if not steps:
         raise InputError(f"{path}: trace is empty (expected one JSON object per line)")
     return steps
@@ -139,6 +156,10 @@ def read_trace(path: str | Path) -> list[TraceStep]:
 
 def write_trace(steps: Iterable[TraceStep], path: str | Path) -> Path:
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, expected the trace file to write")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise InputError(f"{path}: {path.parent} is a file, expected a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with tmp.open("w") as fh:

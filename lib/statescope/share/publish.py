@@ -1,0 +1,162 @@
+"""Writing a shareable render from an executed notebook: scrub first, write, check, or refuse.
+
+What it does: ``write_shared`` takes an executed notebook and writes ``<out>/`` — ``<stem>.html``,
+``<stem>.md``, ``summary.md``, ``figures/*.png``, ``data/*.json``, ``manifest.json`` — in this
+order, so that no artefact is ever made from unscrubbed input:
+
+1. ``scrub_notebook``: every string of the notebook (cell sources, stream and error outputs, every
+   text MIME bundle, the plotly figure specs, metadata) through ``Scrubber.scrub`` /
+   ``scrub_obj``; images lose their metadata (``decoded.strip_image_metadata``). Figures are
+   therefore scrubbed *before* they are exported: a secret in a figure title never reaches the
+   PNG's pixels.
+2. figure export and the renders, all from the scrubbed notebook; the manifest is the allowlist of
+   ``statescope.share.envmanifest``, scrubbed; the summary is cut only after it was scrubbed.
+3. a second scrub of every text file written and metadata stripping of every image written.
+4. ``statescope.share.leakcheck.check_tree``: every file in every decoded view, and every name.
+   A leak empties the folder but for ``REFUSED.md`` (naming the file and pattern, never the
+   value) and raises ``SecretLeak``.
+
+The result dictionary it returns is scrubbed too (it is printed by ``render --json``).
+
+What it deliberately does not do: execute notebooks (``statescope.share.render``), or read pixels
+of images a notebook drew itself (matplotlib): those can only be as clean as what was drawn.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import html
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from statescope.share import decoded, leakcheck
+from statescope.share.scrub import Scrubber, SecretLeak
+
+TEXT_SUFFIXES = (".html", ".md", ".json", ".txt", ".svg", ".csv")
+IMAGE_MIMES = ("image/png", "image/jpeg")
+
+
+def _text(value: Any) -> Any:
+    return "".join(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else value
+
+
+def _clean_image(b64: Any) -> Any:
+    try:
+        raw = base64.b64decode(_text(b64), validate=False)
+    except (binascii.Error, ValueError, TypeError):
+        return b64
+    cleaned = decoded.strip_image_metadata(raw)
+    return base64.b64encode(cleaned).decode() if cleaned != raw else b64
+
+
+def _scrub_bundle(data: dict, scrubber: Scrubber) -> dict:
+    out = {}
+    for mime, value in data.items():
+        if mime in IMAGE_MIMES:
+            out[mime] = _clean_image(value)  # pixels cannot be scrubbed; their metadata can
+        elif isinstance(value, (dict, list)) and not isinstance(_text(value), str):
+            out[mime] = scrubber.scrub_obj(value)
+        else:
+            out[mime] = scrubber.scrub(_text(value))
+    return out
+
+
+def scrub_notebook(nb: Any, scrubber: Scrubber) -> Any:
+    """A copy of ``nb`` with every string scrubbed and image metadata stripped."""
+    nb = copy.deepcopy(nb)
+    nb.metadata = type(nb.metadata)(scrubber.scrub_obj(dict(nb.metadata)))
+    for cell in nb.cells:
+        cell.source = scrubber.scrub(_text(cell.source))
+        cell.metadata = type(cell.metadata)(scrubber.scrub_obj(dict(cell.metadata)))
+        for name, att in (cell.get("attachments") or {}).items():
+            cell.attachments[name] = _scrub_bundle(att, scrubber)
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                out["text"] = scrubber.scrub(_text(out["text"]))
+            if "data" in out:
+                out["data"] = type(out["data"])(_scrub_bundle(out["data"], scrubber))
+            if "metadata" in out:
+                out["metadata"] = type(out["metadata"])(scrubber.scrub_obj(dict(out["metadata"])))
+            for key in ("ename", "evalue"):
+                if key in out:
+                    out[key] = scrubber.scrub(out[key])
+            if "traceback" in out:
+                out["traceback"] = [scrubber.scrub(line) for line in out["traceback"]]
+    return nb
+
+
+def _clean_written(out: Path, scrubber: Scrubber) -> None:
+    """Belt and braces over what the exporters wrote: text scrubbed again, images stripped."""
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if data.startswith((decoded.PNG_MAGIC, decoded.JPEG_MAGIC)):
+            cleaned = decoded.strip_image_metadata(data)
+            if cleaned != data:
+                path.write_bytes(cleaned)
+        elif path.suffix in TEXT_SUFFIXES:
+            text = data.decode("utf-8", "replace")
+            cleaned_text = scrubber.scrub(text)
+            if cleaned_text != text:
+                path.write_text(cleaned_text)
+
+
+def refuse(out: Path, exc: SecretLeak, scrubber: Scrubber) -> None:
+    """Nothing of a refused render may stay where it could be committed or pasted."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "REFUSED.md").write_text(scrubber.scrub(f"render refused: {exc}\n"))
+
+
+def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], environ: dict,
+                 parameters: dict, error: str | None, seconds: float, png: bool = True) -> dict:
+    """Write the scrubbed renders of ``executed`` under ``out`` (see the module docstring); returns
+    the scrubbed result dictionary, or raises ``SecretLeak`` after emptying ``out``."""
+    from statescope.share import envmanifest
+    from statescope.share import export as render_share
+    from statescope.share import summary as render_summary
+
+    scrubber = Scrubber.for_environment(environ)
+    try:
+        leakcheck.check_text(stem, "the notebook's name", scrubber)
+        nb = scrub_notebook(executed, scrubber)
+        manifest = scrubber.scrub_obj(envmanifest.collect(engines, environ))
+        # a re-render after cells moved must not leave the old cells' figure files behind
+        stale = [*(out / "data").glob(f"{stem}-cell*-fig*.json")]
+        stale += [*(out / "figures").glob(f"{stem}-cell*-fig*.png")] if png else []
+        for f in stale:
+            f.unlink()
+        figures = render_share.extract_figures(nb, out, stem, png=png)
+        for cell in nb.cells:  # the PNGs just inserted: metadata off before any render embeds them
+            for o in cell.get("outputs", []):
+                if "image/png" in o.get("data", {}):
+                    o["data"]["image/png"] = _clean_image(o["data"]["image/png"])
+        result = scrubber.scrub_obj({
+            "notebook": stem, "ok": error is None, "error": error, "seconds": seconds,
+            "parameters": parameters or {}, "figures": [vars(f) for f in figures], "dir": str(out),
+            "checks": [f"{v} · {what}" for v, what in render_summary.checks_in(nb)]})
+        manifest_md = envmanifest.to_markdown(manifest)
+        footer = "\n\n---\n\n## Environment (statescope manifest)\n\n" + manifest_md
+        manifest_json = json.dumps(manifest, indent=1, default=str)
+        files = {
+            f"{stem}.html": render_share.to_html(nb, stem).replace(
+                "</body>", f"<details><summary>Environment (statescope manifest)</summary><pre>"
+                           f"{html.escape(manifest_json)}</pre></details></body>"),
+            f"{stem}.md": render_share.to_markdown(render_share.markdown_copy(nb, figures), out, stem)
+            + footer,
+            "summary.md": render_summary.summary_markdown(result, nb, manifest_md),
+            "manifest.json": manifest_json,
+        }
+        for name, text in files.items():
+            (out / name).write_text(scrubber.scrub(text))
+        _clean_written(out, scrubber)
+        result["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+        leakcheck.check_tree(out, environ, scrubber)
+        leakcheck.check_text(json.dumps(result, default=str), "the render's result", scrubber)
+    except SecretLeak as exc:
+        refuse(out, exc, scrubber)
+        raise
+    result["summary_chars"] = len((out / "summary.md").read_text())
+    return result
