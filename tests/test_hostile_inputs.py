@@ -4,7 +4,8 @@ Every row runs the real command line (``statescope.cli.main.main``) on a planted
 A sentinel replaces every expensive start — an in-process engine, a server, a notebook kernel, a
 build install — so a check that comes too late fails the row ("started ..."), however the command
 would have ended. The sharing cases are in ``test_hostile_sharing.py``; the resume cases at the
-end are the lead's item 3 (``xfail(strict=True)`` until the guards cover every engine lifetime).
+end are item 3: the guards add up every engine lifetime of the store (``lifetimes.jsonl``) and each
+record names the lifetime that served it (``engine_lifetime``).
 """
 from __future__ import annotations
 
@@ -279,7 +280,6 @@ def first_run(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="issue 24 item 3: lead")
 def test_a_rerun_of_a_completed_store_gives_the_same_verdict(first_run):
     from statescope.verdict.reproduce import reproduce
 
@@ -293,7 +293,6 @@ def test_a_rerun_of_a_completed_store_gives_the_same_verdict(first_run):
 
 @pytest.mark.slow
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="issue 24 item 3: lead")
 def test_a_resumed_store_gives_the_same_verdict_and_marks_its_lifetimes(first_run):
     """As a SIGKILL halfway through the trigger arm leaves it: its last records missing."""
     import shutil

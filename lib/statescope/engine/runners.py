@@ -369,8 +369,10 @@ def _name_too_long(exc: BaseException, reqs: Sequence[StepRequest]) -> None:
 
 def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, store: ResultsStore, *,
               build: str, config_hash: str, max_tokens: int = 32, logprobs: int = 2,
-              ignore_eos: bool = False, all_at_once: bool = False) -> list[dict]:
+              ignore_eos: bool = False, all_at_once: bool = False,
+              row_fields: dict | None = None) -> list[dict]:
     """Drive every episode to its end; returns the rows appended by this call (resume-safe).
+    ``row_fields`` are added to every row this call stores (e.g. its ``engine_lifetime``).
 
     Default: each episode sends its next step as soon as its previous answer is stored, with up
     to the runner's concurrency in flight. ``all_at_once=True`` (always so for runners without
@@ -392,7 +394,7 @@ def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, stor
     def store_row(req: StepRequest, rec: RequestRecord) -> None:
         row = {"run_id": store.run_id, "build": build, "config_hash": config_hash,
                "episode": req.episode, "step": req.step, "runner": runner.kind,
-               "prompt": req.prompt, **rec.to_dict(),
+               "prompt": req.prompt, **rec.to_dict(), **(row_fields or {}),
                "completed_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")}
         store.append(row)  # flushed and fsync'd before the next step of this episode is built
         history[req.episode].append(row)

@@ -178,6 +178,11 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
     served: list[dict] = []
     prior = sum(1 for k in store.completed_keys() if k[1] == arm.name and k[2] == arm.key())
+    from statescope.records import load_lifetimes
+
+    # this engine's ordinal among the arm's lifetimes in the store: every record it serves says so
+    # (a resumed request ran on a cold prefix cache, in a later lifetime than its episode began)
+    lifetime_no = len(load_lifetimes(store.run_dir, arm.name, arm.key()))
     metrics: dict = {}
     resolved: dict = {}
     started = time.time()
@@ -188,13 +193,14 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
             served += run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder),
                                 store, build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
-                                all_at_once=all_at_once)
+                                all_at_once=all_at_once, row_fields={"engine_lifetime": lifetime_no})
         metrics, resolved = engine.metrics(), engine.resolved()
     finally:
         # this engine's counters and the requests it served, kept beside the records: a resumed
         # or re-run store sums every lifetime (an engine that died records none: per-request
         # sources then speak for its requests)
-        store.append_lifetime({"build": arm.name, "config_hash": arm.key(), "metrics": metrics,
+        store.append_lifetime({"build": arm.name, "config_hash": arm.key(), "lifetime": lifetime_no,
+                               "metrics": metrics,
                                "resolved": resolved, "trace_sha": trace_sha(trace),
                                "served": [[r["episode"], r["step"]] for r in served],
                                "stored_before": prior,  # > 0: this lifetime resumed a run
