@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/gpu_collect.py RETURNED_DIR [RETURNED_DIR ...] --manifest-extra FILE.json
 
-Copies each returned folder through ``statescope.results.e2e.collect`` (records compacted, logs cut),
+Copies each returned folder through ``statescope.results.files.collect`` (records compacted, logs cut),
 then writes ``verdicts.json`` (``gpu_results.verdict_table``: recomputed from the records with
 ``reproduce.label_rows``/``summarize_arm`` and ``stats.decide``), ``summary.json`` (trigger summary, guard
 counters, kernel agreement, the build decision, overhead) and ``manifest.json`` (versions, GPU and

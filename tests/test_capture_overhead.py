@@ -129,7 +129,7 @@ def test_capture_overhead_cli_on_the_cpu_engine(engine_pool, capsys, tmp_path):
 
     engine_pool.close()  # the command starts its own engine: one engine alive at a time
     rc = main(["capture-overhead", "--modes", "off,hooks,digest", "--rounds", "1", "--max-tokens", "4",
-               "--profile", "--capture-dir", str(tmp_path), "--json"])
+               "--cprofile", "--capture-dir", str(tmp_path), "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0 and rep["problems"] == []
     assert rep["resolved"]["enable_prefix_caching"] and rep["resolved"]["num_speculative_tokens"] == 2

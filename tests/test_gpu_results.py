@@ -1,7 +1,7 @@
 """The committed end-to-end GPU results re-checked with statescope's own functions, and the GPU glue's
 CPU-testable parts (decision oracle, sweep prompts, overhead ratios, race-variant geometry).
 
-The results tests read ``data/results/gpu/e2e/`` (written by ``statescope.results.e2e.collect`` from
+The results tests read ``data/results/gpu/e2e/`` (written by ``statescope.results.files.collect`` from
 what the device returned) and recompute: the verdict table from the records, the overhead ratios from
 the raw timed rounds, the engagement guards from the recorded counters, the kernel-agreement totals
 and the decision's per-build counts from the oracle log. No GPU or vLLM is needed.

@@ -218,7 +218,7 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
                   **probe_engine(runner, workloads=workloads, modes=modes, rounds=args.rounds,
                                  max_tokens=args.max_tokens, gui_max_tokens=args.gui_max_tokens,
                                  gui_shape={"prefix": args.gui_prefix, "suffix": args.gui_suffix},
-                                 deadline=deadline, output_dir=out_dir, profile=args.profile,
+                                 deadline=deadline, output_dir=out_dir, profile=args.cprofile,
                                  sync=args.sync_check)}
     problems = overhead_problems(result)
     result["problems"] = problems
@@ -265,7 +265,7 @@ def add_capture_overhead_subcommand(subparsers: Any) -> None:
                    help="instead of --model: the H200 probes' random-weight hybrid, 1p3b or 7b (for a GPU; "
                         "without --gpu a 4 x 256 hybrid whose 2,176-token blocks make CPU rounds take minutes)")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting rounds after this long")
-    p.add_argument("--profile", action="store_true", help="add one cProfile'd digest round (names the host cost)")
+    p.add_argument("--cprofile", action="store_true", help="add one cProfile'd digest round (names the host cost)")
     p.add_argument("--sync-check", action="store_true",
                    help="add one digest round in CUDA's sync debug mode (statescope's synchronizing calls)")
     p.add_argument("--capture-dir", default=None, help="where the capture runs go (default: a temporary folder)")
