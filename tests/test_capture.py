@@ -245,10 +245,10 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatc
 def test_torch_digest_fallback_sees_the_same_states(trigger, tmp_path, monkeypatch):
     """Without the C kernel (no compiler) the capture gathers and reduces with torch ops: the
     same checksums (exact on both paths), the float statistics equal up to rounding."""
-    from statescope.capture import digest
+    from statescope.capture import digest_native
 
     a, _ = _capture(trigger, tmp_path, "c", prompts=prompts_for(trigger, 4), max_tokens=12)
-    monkeypatch.setattr(digest, "_native", [None])
+    monkeypatch.setattr(digest_native, "_native", [None])
     b, _ = _capture(trigger, tmp_path, "torch", prompts=prompts_for(trigger, 4), max_tokens=12)
     assert b.manifest["digest_kernel"] == "torch"
     keys = ["prompt_sha", "req_step", "layer", "kind"]

@@ -5,8 +5,8 @@ time (0.48 ms) but the host time of launching it — two Triton launches and ~30
 per step. ``StepDigest`` records that work once per *bucket* of digested columns (8, 16, 32, …:
 the block-index input padded to the bucket with copies of column 0) as a CUDA graph, and replays
 it: per step one pinned upload of the block indices and one ``replay()``. The output is one flat
-byte buffer per bucket (``flat_layout`` says where the conv/ssm statistics, checksums and conv token
-rows lie, for ``Cb`` columns); the caller copies it out with the step's other results and
+byte buffer per bucket (``flat_layout`` says where the conv/ssm statistics, exact numbers —
+checksum and word hash — and conv token rows lie, for ``Cb`` columns); the caller copies it out with the step's other results and
 ``slice_columns`` drops the padding on the host.
 
 Safety: a graph is built in the step the first time its bucket is needed: the body runs once
@@ -96,8 +96,13 @@ class StepDigest:
             return "on"
         return self.failed if (want and self.failed) else "off"
 
-    def run(self, blocks: np.ndarray, graphs: bool = False) -> tuple | None:
-        cb = bucket(blocks.shape[1])
+    def run(self, blocks: np.ndarray, graphs: bool = False,
+            extra: torch.Tensor | None = None) -> tuple | None:
+        """Digest host columns ``blocks`` ``[L, C]`` then device columns ``extra`` ``[L, E]``
+        (the resume columns, picked on the device: copied into the index after its upload)."""
+        cols = blocks.shape[1]
+        total = cols + (0 if extra is None else extra.shape[1])
+        cb = bucket(total)
         if cb is None:
             return None
         host = torch.from_numpy(pad_columns(blocks, cb))
@@ -106,16 +111,17 @@ class StepDigest:
             if entry is not None:  # the steady state: one upload, one replay
                 graph, static_idx, flat, layout = entry
                 static_idx.copy_(host.pin_memory(), non_blocking=True)
+                _place(static_idx, cols, extra)
                 graph.replay()
-                return flat, layout, blocks.shape[1]
-            entry = self._build(cb, host_to_device(host, self.device))
+                return flat, layout, total
+            entry = self._build(cb, _place(host_to_device(host, self.device), cols, extra))
             if entry is not None:
-                return entry[2], entry[3], blocks.shape[1]
-        out = self.body(host_to_device(host, self.device))
+                return entry[2], entry[3], total
+        out = self.body(_place(host_to_device(host, self.device), cols, extra))
         if out is None:
             return None
         flat, layout = _flat(out)
-        return flat, layout, blocks.shape[1]
+        return flat, layout, total
 
     def _build(self, cb: int, idx: torch.Tensor) -> tuple | None:
         try:
@@ -147,6 +153,13 @@ class StepDigest:
         entry = (graph, static_idx, flat, layout)
         self._graphs[cb] = entry
         return entry
+
+
+def _place(idx: torch.Tensor, cols: int, extra: torch.Tensor | None) -> torch.Tensor:
+    """Write the device columns ``extra`` after the ``cols`` uploaded ones (stream-ordered)."""
+    if extra is not None and extra.shape[1]:
+        idx[:, cols:cols + extra.shape[1]].copy_(extra)
+    return idx
 
 
 def _flat(values: tuple) -> tuple[torch.Tensor, list]:

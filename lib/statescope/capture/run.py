@@ -11,8 +11,10 @@ compact record of numpy arrays; the per-request rows are made at emit), digests 
 (``statescope.capture.digest``), takes the snapshots the spec asks for, starts the device->host copies
 (whole per-row count tensors: the selected rows are picked at emit) and records a ``Fence``.
 Nothing in the step reads a device value on the host. Digested per (layer, request): the running
-column and, with ``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
-all in one call per state kind over all layers and columns. On a CPU build the digest runs in
+column; for a request with drafts the column the next step resumes from (``statescope.capture.resume``:
+picked on the device from the accepted counts, an extra column dropped at emit when it is the
+running one); and, with ``draft_columns``, every column after the running one that holds a
+candidate state of the step's drafts — all in one call per state kind over all layers and columns. On a CPU build the digest runs in
 the step, straight from the blocks (``Digester.digest_in_place``, one pass, no gather; the torch
 gather + reductions into kept buffers where the C kernel is unavailable); handing the blocks to
 the flusher thread instead needs a copy per step and measured no faster on the shared two-core
@@ -42,6 +44,7 @@ import torch
 
 from statescope.capture import facts as cf
 from statescope.capture import census_decode as cd
+from statescope.capture import resume
 from statescope.capture.adapters import mamba_groups
 from statescope.capture.emit import KINDS, RunEmitter
 from statescope.capture.spool import IDLE_S, Spool
@@ -49,8 +52,10 @@ from statescope.capture.store import CaptureWriter
 from statescope.capture.digest import (Digester, Fence, gather_snapshot, host_to_device,
                                native_kernel, pack, to_host_async)
 from statescope.capture.digest_graph import ENV_GRAPH, StepDigest
+from statescope.capture import word_hash
 
-PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat")
+PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat",
+          "resume_offsets")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 STEP_DIGEST_ON_CPU = False  # tests: the CUDA path's padded one-buffer digest (eagerly) on CPU
 USED_IN_LAUNCH = "in launch"  # ``_Step.used``: the post-process launch's staged column 0
@@ -117,7 +122,13 @@ class RunCapture(RunEmitter):
                                       if self.step_digest else "off"),
                         # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
                         # of different versions or kernels agree on checksums, not on floats
-                        digest_version=2)
+                        digest_version=2,
+                        # exact numbers per block (and per conv token row); older runs: checksum
+                        digest_exact=["checksum", "hash"],
+                        digest_hash=word_hash.DEFINITION,
+                        # which column of a request's block row the digests cover
+                        digest_columns=("running+drafts" if spec.draft_columns
+                                        else "running+resume"))
         self.defer = spec.emit == "idle" or (spec.emit == "auto" and self.device_path)
         manifest.update(emit="idle" if self.defer else "background")
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
@@ -256,7 +267,8 @@ class RunCapture(RunEmitter):
                 i["steps"] += 1
             blocks = columns[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
-            self._digest_into(out, runner, blocks)
+            extra = self._resume_columns(out, step, tables, pos, cols, per_req)
+            self._digest_into(out, runner, blocks, extra)
             # whole per-row counts: which rows are the selected requests' is read at emit
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
                 if isinstance(counts, torch.Tensor):
@@ -289,12 +301,41 @@ class RunCapture(RunEmitter):
                 cols[r] = min(int(nblocks[r]) - 1, max(0, -(-end // self.block_size) - 1))
         return cols
 
-    def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray) -> None:
-        """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
-        buffer (``statescope.capture.digest_graph``: a graph replay, or eager where graphs are off or
-        failed; unpacked at emit), else ``digest_kinds`` as launched here."""
+    def _resume_columns(self, out: dict, step: _Step, tables: list, pos: np.ndarray,
+                        cols: np.ndarray, per_req: np.ndarray) -> torch.Tensor | None:
+        """The column each selected request's next step resumes from (``statescope.capture.resume``),
+        as device offsets in ``out["resume_offsets"]``; returns the ``[L, E]`` device block ids of
+        the extra columns to digest (one per request with drafts; None with draft columns, which
+        digest every column anyway, or in a step without drafts). One upload for the inputs."""
+        drafts = per_req[:, 1]
+        if step.accepted is None or not drafts.any():
+            return None  # emit: every offset 0 (the running column)
+        extra_req = np.flatnonzero(drafts > 0) if not self.spec.draft_columns else \
+            np.zeros(0, dtype=np.int64)
+        cand = np.zeros((len(self.layers), len(extra_req), 0), dtype=np.int64)
+        if len(extra_req):
+            c = cf.column_candidates(tables, pos[extra_req], cols[extra_req], int(drafts.max()))
+            cand = np.ascontiguousarray(c[:, :, self.layer_group_pos].transpose(2, 0, 1))
+        reqs, e = len(drafts), len(extra_req)
+        host = np.concatenate([per_req[:, 0], drafts, extra_req, cand.ravel()]).astype(np.int64)
+        dev = host_to_device(torch.from_numpy(host), self.device)
+        staged, bs = resume.staged_postprocess(step.launches)
+        off = resume.resume_offsets(step.accepted, dev[:reqs], dev[reqs:2 * reqs], staged, bs)
+        out["resume_offsets"] = off
+        if not e:
+            return None
+        out["resume_extra"] = (extra_req, cand)
+        cand_dev = dev[2 * reqs + e:].view(cand.shape)
+        return resume.resume_blocks(cand_dev, off.index_select(0, dev[2 * reqs:2 * reqs + e]))
+
+    def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray,
+                     extra: torch.Tensor | None = None) -> None:
+        """Both kinds' digests of the ``[L, C]`` host block table, then the ``[L, E]`` device
+        columns ``extra``, into ``item``: on CUDA one flat buffer (``statescope.capture.digest_graph``:
+        a graph replay, or eager where graphs are off or failed; unpacked at emit), else
+        ``digest_kinds`` as launched here."""
         if self.step_digest is not None:
-            res = self.step_digest.run(blocks, self.want_graph)
+            res = self.step_digest.run(blocks, self.want_graph, extra)
             status = self.step_digest.status(self.want_graph)
             if status != self.writer.manifest.get("digest_graph"):
                 self.writer.note(digest_graph=status)
@@ -302,6 +343,8 @@ class RunCapture(RunEmitter):
                 item["digest_flat"], item["digest_layout"] = res[0], (res[1], res[2])
                 return
         idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
+        if extra is not None:
+            idx = torch.cat([idx, extra.to(idx.dtype)], 1)
         stats, checks, item["conv_row_checks"], item["conv_row_sums"] = digest_kinds(
             self.digester, self.geoms[0], self._states(runner), idx, reuse=not self.device_path)
         item["stats"], item["checksum"] = stats, checks
@@ -405,7 +448,8 @@ class RunCapture(RunEmitter):
 
 
 def digest_kinds(d: Digester, geom: Any, states: list, idx: torch.Tensor, reuse: bool) -> tuple:
-    """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums) for
+    """(stats ``[2, L, C, S]``, exact ``[2, L, C, 2]`` (checksum, hash), conv token-row exact
+    numbers ``[L, C, rows, 2]`` and sums) for
     block table ``idx`` (on the states' device), straight from the blocks where a kernel applies:
     on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
     included; host launch overhead is the cost there), on CPU the C kernel
