@@ -90,7 +90,7 @@ def test_lostcopy_wants_conv_and_ssm_in_the_step_of_a_postprocess_copy():
 
 
 def test_reorder_wants_the_prefill_in_the_divergent_step_itself():
-    r = rec(kinds=("conv", "ssm"), batch_has_prefill=True, prefill_steps=[2])
+    r = rec(kinds=("conv", "ssm"), layers=LAYERS, batch_has_prefill=True, prefill_steps=[2])
     assert score_reorder(r, SYNC_SPEC).verdict == CONTRADICTS  # prefill one step earlier
     assert score_reorder({**r, "events": {**r["events"], "prefill_steps": [3]}},
                          SYNC_SPEC).verdict == SUPPORTS
@@ -129,8 +129,10 @@ def test_empty_wants_a_decode_step_without_drafts():
 
 
 def test_reorder_wants_a_prefill_in_the_batch_and_the_recurrent_state_at_once():
-    hit = rec(kinds=("conv", "ssm"), batch_has_prefill=True)
+    hit = rec(kinds=("conv", "ssm"), layers=LAYERS, batch_has_prefill=True)
     assert score_reorder(hit, SYNC_SPEC).verdict == SUPPORTS
+    one = score_reorder({**hit, "layers": LAYERS[1:2]}, SYNC_SPEC)  # a wrong kernel hits every layer
+    assert one.verdict == CONTRADICTS and "1 of 3 GDN layers" in one.why
     assert score_reorder(rec(batch_has_prefill=True), SYNC_SPEC).verdict == CONTRADICTS
     assert score_reorder(rec(kinds=("conv", "ssm")), SYNC_SPEC).verdict == CONTRADICTS
     assert score_reorder(hit, RunContext()).verdict == NOT_EXERCISED

@@ -223,7 +223,8 @@ def score_empty(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
 
 
 def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
-    """H-reorder: a decode row in a batch with prefills, whole state of the step wrong."""
+    """H-reorder: a decode row in a batch with prefills, whole state of the step wrong: the
+    recurrent state of every GDN layer at once (a wrong kernel computes all of them)."""
     if not ctx.spec:
         return MechanismVerdict(NOT_EXERCISED, "the drafter's reorder threshold needs speculative decoding")
     ev = _ev(rec)
@@ -239,6 +240,10 @@ def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
                                     f"window shifted by {shifted[0]['observed_shifts']}: the decode "
                                     "conv update ran (a prefill kernel would hold new inputs in "
                                     "rows 0..K-2)")
+    if ctx.gdn_layers and len(rec["layers"]) < ctx.gdn_layers:
+        return MechanismVerdict(CONTRADICTS, f"{len(rec['layers'])} of {ctx.gdn_layers} GDN layers "
+                                f"diverge at step {rec['first_step']}: a decode row run through "
+                                "prefill kernels gets every GDN layer's update from them")
     if rec["first_step"] > 0 and "ssm" in rec["kinds"]:
         return MechanismVerdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
                                  "and its recurrent state diverges at once")
