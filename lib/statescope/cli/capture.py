@@ -116,7 +116,7 @@ def capture_command(args: argparse.Namespace) -> int:
     from statescope.patches import cpu_kernels
     from statescope.capture.store import CaptureRun
     from statescope.engine.offline import OfflineEngine
-    from statescope.engine.config import EngineConfig
+    from statescope.engine.config import EngineConfig, model_path
 
     spec = _spec_from_args(args)
     if not spec.enabled:
@@ -125,7 +125,7 @@ def capture_command(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise InputError(f"statescope capture --{name.replace('_', '-')} "
                              f"{getattr(args, name)}: expected an integer >= 1")
-    config = EngineConfig(model=args.model or CAPTURE_MODEL)
+    config = EngineConfig(model=str(model_path(args.model or CAPTURE_MODEL)))
     if args.copy_semantics:
         name, _, tile = args.copy_semantics.partition(":")
         cpu_kernels.set_copy_semantics(name, int(tile) if tile else cpu_kernels.DEFAULT_TILE_BYTES)
