@@ -242,7 +242,7 @@ def test_barrierless_run_diverges_after_same_block_shifts_and_ranks_copy_first(
     parser = argparse.ArgumentParser()
     add_diverge_subcommand(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["diverge", str(bad.path), "--reference", str(ref.path), "--json"])
-    assert args.func(args) == 0
+    assert args.func(args) == 1  # requests diverge: a problem found (README: 0 / 1 / 2)
     printed = capsys.readouterr().out  # vLLM may log to stdout too: the report is the last JSON
     out = json.loads(printed[printed.rindex('{\n  "run"'):])
     assert out["requests_diverged"] == len(diverged) and out["requests_compared"] == 12

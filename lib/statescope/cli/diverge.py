@@ -32,12 +32,16 @@ def _position_report(args: argparse.Namespace) -> DivergenceReport:
     from statescope.diverge.noise import calibrate, compare_states
     from statescope.diverge.replay import CapturedStates
 
+    from statescope.diverge.report import check_completeness
+
     run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
     # no clean runs given: compare the reference with itself, so only the floor sets tolerance
     clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
     tol = calibrate([compare_states(c, ref) for c in clean],
                     [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
-    return position_report(run, ref, tol)
+    report = position_report(run, ref, tol)
+    check_completeness(report, {"run": run.run, "reference": ref.run}, args.allow_incomplete)
+    return report
 
 
 def diverge_command(args: argparse.Namespace) -> int:

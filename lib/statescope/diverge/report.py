@@ -298,7 +298,7 @@ def _per_layer(at: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _completeness(report: DivergenceReport, runs: dict, allow_incomplete: bool) -> None:
+def check_completeness(report: DivergenceReport, runs: dict, allow_incomplete: bool) -> None:
     """Refuse (``InputError``) or loudly warn about a run that did not run to its end."""
     for what, run in runs.items():
         end = run.ending()
@@ -324,7 +324,7 @@ def divergence_report(run_dir: str | os.PathLike | CaptureRun,
     run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
     width = int(run.manifest.get("conv_window", 0))
     report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
-    _completeness(report, {"run": run, "reference": ref}, allow_incomplete)
+    check_completeness(report, {"run": run, "reference": ref}, allow_incomplete)
     m = digest_diff(ref, run, rtol, columns=columns)
     report.columns = m.attrs.get("columns")
     if m.empty:
