@@ -56,7 +56,10 @@ static uint32_t words32(const uint32_t *restrict row, int64_t cols, const uint32
                         uint32_t *restrict ck, uint32_t *restrict th) {
   uint32_t total = 0, h = 0;
   for (int64_t c = 0; c < cols; ++c) { uint32_t w = row[c]; ck[c] += w; total += w;
-    h += fmix32(w ^ key[c]); }
+#ifndef STATESCOPE_NO_HASH
+    h += fmix32(w ^ key[c]);
+#endif
+  }
   *th = h;
   return total;
 }
@@ -66,7 +69,12 @@ static uint32_t words16(const uint16_t *restrict row, int64_t cols, const uint32
   uint32_t total = 0, h = 0;
   for (int64_t c = 0; c < cols; ++c) { uint32_t raw = row[c];
     uint32_t w = (uint32_t)(int32_t)(int16_t)row[c]; ck[c] += w; total += w;
-    h += fmix32(raw ^ key[c]); }
+#ifndef STATESCOPE_NO_HASH
+    h += fmix32(raw ^ key[c]);
+#else
+    (void)raw;
+#endif
+  }
   *th = h;
   return total;
 }
@@ -126,32 +134,38 @@ _native: list = []  # [the kernel, or None when it cannot be built here]
 def native_kernel() -> Any:
     """The C digest kernel (ctypes; it releases the GIL), compiled once per host into the temp
     directory; None where no C compiler works or ``STATESCOPE_DIGEST_NATIVE=0``."""
-    if _native:
-        return _native[0]
+    if not _native:
+        _native.append(build_kernel() if os.environ.get(ENV_NATIVE, "1") != "0" else None)
+    return _native[0]
+
+
+def build_kernel(defines: tuple[str, ...] = ()) -> Any:
+    """Compile (once per source, flags and host) and load the kernel; None where it cannot be
+    built. ``defines``: e.g. ``("STATESCOPE_NO_HASH",)`` builds it without the word hash — the
+    digest as it was before the hash, for ``benchmarks/bench_digest_hash.py`` to compare."""
+    flags = _NATIVE_FLAGS + tuple(f"-D{d}" for d in defines)
     fn = None
-    if os.environ.get(ENV_NATIVE, "1") != "0":
-        try:
-            key = hashlib.sha256((_NATIVE_SRC + str(_NATIVE_FLAGS) + platform.node())
-                                 .encode()).hexdigest()[:16]
-            # a private folder per user: a library others could write is never loaded
-            folder = Path(tempfile.gettempdir()) / f"statescope-native-{os.getuid()}"
-            folder.mkdir(mode=0o700, exist_ok=True)
-            if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
-                raise PermissionError(f"{folder} is not private to this user")
-            lib = folder / f"digest-{key}.so"
-            if not lib.exists():  # build under a private name, publish atomically
-                src = folder / f"digest-{key}-{os.getpid()}.c"
-                src.write_text(_NATIVE_SRC)
-                tmp = src.with_suffix(".so")
-                subprocess.run(["cc", *_NATIVE_FLAGS, "-o", str(tmp), str(src)], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(tmp, lib)
-                src.unlink()
-            fn = ctypes.CDLL(str(lib)).statescope_digest
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_void_p] * 8
-        except Exception as exc:  # no compiler, sandbox, ...: the torch reductions still work
-            log.info("statescope digest: native kernel unavailable (%s); using torch", exc)
-            fn = None
-    _native.append(fn)
+    try:
+        key = hashlib.sha256((_NATIVE_SRC + str(flags) + platform.node())
+                             .encode()).hexdigest()[:16]
+        # a private folder per user: a library others could write is never loaded
+        folder = Path(tempfile.gettempdir()) / f"statescope-native-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
+            raise PermissionError(f"{folder} is not private to this user")
+        lib = folder / f"digest-{key}.so"
+        if not lib.exists():  # build under a private name, publish atomically
+            src = folder / f"digest-{key}-{os.getpid()}.c"
+            src.write_text(_NATIVE_SRC)
+            tmp = src.with_suffix(".so")
+            subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(tmp, lib)
+            src.unlink()
+        fn = ctypes.CDLL(str(lib)).statescope_digest
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_void_p] * 8
+    except Exception as exc:  # no compiler, sandbox, ...: the torch reductions still work
+        log.info("statescope digest: native kernel unavailable (%s); using torch", exc)
+        fn = None
     return fn

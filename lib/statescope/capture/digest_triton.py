@@ -44,6 +44,7 @@ MAX_PROJECTIONS = 4
 MAX_TOKEN_ROWS = 1024  # token rows (conv window length) kept whole in one tile
 STAGES = 3  # loads in flight per program (software pipelining of the tile loop)
 TILE = 2048  # elements per tile: 8 per thread with 8 warps, ~10 live accumulators each
+HASH = True  # False: leave the word hash out (it then reads 0): benchmarks/bench_digest_gpu.py
 
 
 @triton.jit
@@ -62,6 +63,7 @@ def _digest_kernel(table, ids, u, v, stats, check, hsh, tok_check, tok_hash, tok
                    layers, reqs, rows, cols, row_tiles, col_tiles, tiles_per_split, splits,
                    BF16: tl.constexpr, K: tl.constexpr, SUMSQ: tl.constexpr, NSTAT: tl.constexpr,
                    TOKENS: tl.constexpr, ALIGNED: tl.constexpr, STAGES: tl.constexpr,
+                   HASH: tl.constexpr,
                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pair = tl.program_id(0)  # layer * reqs + request
     split = tl.program_id(1)
@@ -101,20 +103,20 @@ def _digest_kernel(table, ids, u, v, stats, check, hsh, tok_check, tok_hash, tok
         nan += (mag > 0x7F800000).to(tl.int32)
         inf += (mag == 0x7F800000).to(tl.int32)
         ck += w  # int32 adds wrap: the sum modulo 2**32 whatever the order
-        # the word hash: raw bits zero-extended, mixed with the channel's key; masked lanes add 0
-        if BF16:
-            wu = (w & 0xFFFF).to(tl.uint32, bitcast=True)
-        else:
-            wu = w.to(tl.uint32, bitcast=True)
-        key_c = (c + 1).to(tl.uint32) * 0x9E3779B1
-        term = tl.where(m, _fmix32(wu ^ key_c[None, :]), 0)
-        if TOKENS == 1:  # one row tile holds every row: the row weight is applied at the end
-            hacc += term
-        else:
-            hacc += term * (_fmix32(r.to(tl.uint32)) | 1)[:, None]
-        if TOKENS == 2:  # DS token rows are block columns; their channel is the block row
-            key_r = (r + 1).to(tl.uint32) * 0x9E3779B1
-            tacc += tl.where(m, _fmix32(wu ^ key_r[:, None]), 0)
+        if HASH:  # the word hash: raw bits zero-extended, mixed with the channel's key
+            if BF16:
+                wu = (w & 0xFFFF).to(tl.uint32, bitcast=True)
+            else:
+                wu = w.to(tl.uint32, bitcast=True)
+            key_c = (c + 1).to(tl.uint32) * 0x9E3779B1
+            term = tl.where(m, _fmix32(wu ^ key_c[None, :]), 0)  # masked lanes add nothing
+            if TOKENS == 1:  # one row tile holds every row: the row weight is applied at the end
+                hacc += term
+            else:
+                hacc += term * (_fmix32(r.to(tl.uint32)) | 1)[:, None]
+            if TOKENS == 2:  # DS token rows are block columns; their channel is the block row
+                key_r = (r + 1).to(tl.uint32) * 0x9E3779B1
+                tacc += tl.where(m, _fmix32(wu ^ key_r[:, None]), 0)
         s0 += x
         sq += x * x
         # projection j: sum of u_j[r] v_j[c] x[r, c]
@@ -269,7 +271,7 @@ def digest_blocks(states: Sequence[torch.Tensor], block_ids: torch.Tensor, u: to
         table, ids.contiguous(), *weights, stats, check, hsh, tok_check, tok_hash, tok_sum,
         layers, reqs, rows, cols, row_tiles, col_tiles, tiles_per_split, splits,
         BF16=first.dtype == torch.bfloat16, K=k, SUMSQ=int(sumsq), NSTAT=nstat, TOKENS=tokens,
-        ALIGNED=aligned, STAGES=STAGES, BLOCK_R=block_r, BLOCK_C=block_c,
+        ALIGNED=aligned, STAGES=STAGES, HASH=HASH, BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=8 if block_r * block_c >= TILE else 4)
     if splits == 1:
         out = (stats.view(layers, reqs, nstat),

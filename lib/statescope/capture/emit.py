@@ -119,8 +119,9 @@ class RunEmitter:
         offsets = np.array([m["resume_col_offset"] for m in metas], dtype=np.int64)
         base = len(digest_rows)
         if "resume_extra" in item:
-            extra_req, cand = item["resume_extra"]
-            rows_e, blocks_e = resume.resolve(offsets, np.asarray(extra_req, np.int64), cand)
+            group_pos = [self.groups.index(g) for _, g in self.layers]
+            rows_e, blocks_e = resume.resolve(offsets, np.asarray(item["resume_extra"], np.int64),
+                                              metas, group_pos)
             digest_rows = np.concatenate([digest_rows, rows_e])
             blocks = np.concatenate([blocks, blocks_e], 1)
         meta_of, col_off = digest_rows.T

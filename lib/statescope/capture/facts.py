@@ -5,8 +5,8 @@ vLLM's input batch (``MultiGroupBlockTable``'s host arrays: one fancy index per 
 requests' own block-id lists where the batch's table is not a plain copy of them (kernel-split
 blocks) or disagreed once (``TableSource`` checks the first steps of every run and falls back for
 good, saying so). ``digest_columns`` picks, vectorized, each selected request's running column and,
-optionally, the columns after it holding its drafts' candidate states (``column_candidates``: the
-same columns for the resume-column digest, ``statescope.capture.resume``). ``expand`` turns the compact
+optionally, the columns after it holding its drafts' candidate states (``column_candidates``).
+``expand`` turns the compact
 record back into the per-request ``metas`` and the ``block_ids`` map that the emitter and the
 census decode read — in the flusher or at idle, not in the step.
 

@@ -267,7 +267,16 @@ class RunCapture(RunEmitter):
                 i["steps"] += 1
             blocks = columns[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
-            extra = self._resume_columns(out, step, tables, pos, cols, per_req)
+            # the column each request's next step resumes from (statescope.capture.resume)
+            ends = np.fromiter((f["num_computed_tokens"] + f["num_scheduled_tokens"] for f in sched),
+                               dtype=np.int64, count=len(sched))
+            off, extra_req, extra = resume.plan(
+                step.accepted, step.launches, per_req, ends, tables, pos, cols,
+                self.layer_group_pos, self.block_size, bool(self.spec.draft_columns), self.device)
+            if off is not None:
+                out["resume_offsets"] = off
+            if extra_req is not None:
+                out["resume_extra"] = extra_req
             self._digest_into(out, runner, blocks, extra)
             # whole per-row counts: which rows are the selected requests' is read at emit
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
@@ -300,33 +309,6 @@ class RunCapture(RunEmitter):
                 end = facts["num_computed_tokens"] + facts["num_scheduled_tokens"]
                 cols[r] = min(int(nblocks[r]) - 1, max(0, -(-end // self.block_size) - 1))
         return cols
-
-    def _resume_columns(self, out: dict, step: _Step, tables: list, pos: np.ndarray,
-                        cols: np.ndarray, per_req: np.ndarray) -> torch.Tensor | None:
-        """The column each selected request's next step resumes from (``statescope.capture.resume``),
-        as device offsets in ``out["resume_offsets"]``; returns the ``[L, E]`` device block ids of
-        the extra columns to digest (one per request with drafts; None with draft columns, which
-        digest every column anyway, or in a step without drafts). One upload for the inputs."""
-        drafts = per_req[:, 1]
-        if step.accepted is None or not drafts.any():
-            return None  # emit: every offset 0 (the running column)
-        extra_req = np.flatnonzero(drafts > 0) if not self.spec.draft_columns else \
-            np.zeros(0, dtype=np.int64)
-        cand = np.zeros((len(self.layers), len(extra_req), 0), dtype=np.int64)
-        if len(extra_req):
-            c = cf.column_candidates(tables, pos[extra_req], cols[extra_req], int(drafts.max()))
-            cand = np.ascontiguousarray(c[:, :, self.layer_group_pos].transpose(2, 0, 1))
-        reqs, e = len(drafts), len(extra_req)
-        host = np.concatenate([per_req[:, 0], drafts, extra_req, cand.ravel()]).astype(np.int64)
-        dev = host_to_device(torch.from_numpy(host), self.device)
-        staged, bs = resume.staged_postprocess(step.launches)
-        off = resume.resume_offsets(step.accepted, dev[:reqs], dev[reqs:2 * reqs], staged, bs)
-        out["resume_offsets"] = off
-        if not e:
-            return None
-        out["resume_extra"] = (extra_req, cand)
-        cand_dev = dev[2 * reqs + e:].view(cand.shape)
-        return resume.resume_blocks(cand_dev, off.index_select(0, dev[2 * reqs:2 * reqs + e]))
 
     def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray,
                      extra: torch.Tensor | None = None) -> None:

@@ -29,7 +29,7 @@ What it does here: the reference implementation with torch integer ops (``block_
 (``statescope.capture.digest_native``, ``.digest_triton``) must match bit for bit.
 
 What it deliberately does not do: resist an adversary (it is a corruption detector, not a MAC), or
-run fast (the kernels do that; this path allocates int64 temporaries of the block's size).
+run fast (the kernels do that; this path makes int32 temporaries of the blocks' size).
 """
 from __future__ import annotations
 
@@ -41,53 +41,60 @@ MASK32 = 0xFFFFFFFF
 DEFINITION = "fmix32(word ^ (j+1)*0x9E3779B1), row weight fmix32(r)|1; sum mod 2**32"
 
 
+def _i32(value: int) -> int:
+    """An unsigned 32-bit constant as the signed int32 with the same bits."""
+    return value - 2**32 if value >= 2**31 else value
+
+
 def fmix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's finalizer on int64 tensors holding values in [0, 2**32) (int64 products may
-    wrap past 2**63; the low 32 bits, all that is kept, are still right)."""
-    x = x ^ (x >> 16)
-    x = (x * MIX1) & MASK32
-    x = x ^ (x >> 13)
-    x = (x * MIX2) & MASK32
-    return x ^ (x >> 16)
+    """MurmurHash3's finalizer on int32 tensors (the bits of uint32 values; modified in place
+    and returned). int32 products wrap modulo 2**32 (two's complement), as the definition wants;
+    a right shift of an int32 copies the sign bit, so each is masked to a logical shift."""
+    x ^= (x >> 16) & 0xFFFF
+    x *= _i32(MIX1)
+    x ^= (x >> 13) & 0x7FFFF
+    x *= _i32(MIX2)
+    x ^= (x >> 16) & 0xFFFF
+    return x
 
 
 def words(block: torch.Tensor) -> torch.Tensor:
-    """The raw bits of a float32/bfloat16 tensor as int64 values in [0, 2**32), zero-extended."""
+    """The raw bits of a float32/bfloat16 tensor as int32 (bf16: the 16 bits zero-extended);
+    always a fresh tensor (``fmix32`` writes into it)."""
     if block.element_size() == 4:
-        return block.contiguous().view(torch.int32).to(torch.int64) & MASK32
+        return block.contiguous().view(torch.int32).clone()
     if block.element_size() == 2:
-        return block.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+        return block.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     raise TypeError(f"word_hash: {block.dtype} has no 16- or 32-bit words")
 
 
+def _as_i32(values: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) -> int32 with the same bits."""
+    return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
+
+
 def key(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    return ((torch.arange(n, dtype=torch.int64, device=device) + 1) * GOLDEN) & MASK32
+    return _as_i32(((torch.arange(n, dtype=torch.int64, device=device) + 1) * GOLDEN) & MASK32)
 
 
 def row_weight(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    return fmix32(torch.arange(n, dtype=torch.int64, device=device)) | 1
-
-
-def signed32(x: torch.Tensor) -> torch.Tensor:
-    """Values in [0, 2**32) read as signed int32 (kept in int64), as the checksum is stored."""
-    x = x & MASK32
-    return torch.where(x >= 2**31, x - 2**32, x)
+    return fmix32(torch.arange(n, dtype=torch.int32, device=device)) | 1
 
 
 def terms(w: torch.Tensor) -> torch.Tensor:
-    """``mix(word ^ key(channel))`` for words ``[..., cols]`` (channel = last axis)."""
-    return fmix32(w ^ key(w.shape[-1], w.device))
+    """``mix(word ^ key(channel))`` for int32 words ``[..., cols]`` (channel = last axis)."""
+    w ^= key(w.shape[-1], w.device)
+    return fmix32(w)
 
 
 def block_hash(x: torch.Tensor) -> torch.Tensor:
-    """Hash of each block of ``x`` ``[..., rows, cols]`` -> int64 ``[...]``."""
-    t = terms(words(x))
-    per_row = t.sum(-1) & MASK32  # < cols * 2**32: exact in int64 for any real row length
-    weighted = (per_row * row_weight(x.shape[-2], x.device)) & MASK32
-    return signed32(weighted.sum(-1))
+    """Hash of each block of ``x`` ``[..., rows, cols]`` -> int64 ``[...]`` (signed int32 values)."""
+    per_row = terms(words(x)).sum(-1, dtype=torch.int32)  # int32 sums wrap: modulo 2**32
+    per_row *= row_weight(x.shape[-2], x.device)
+    return per_row.sum(-1, dtype=torch.int32).to(torch.int64)
 
 
 def token_row_hash(x: torch.Tensor) -> torch.Tensor:
     """Hash of each token row of conv windows ``x`` ``[..., tokens, channels]`` -> ``[..., tokens]``
     (for DS blocks pass the transposed view: tokens first, channels last)."""
-    return signed32(terms(words(x)).sum(-1))
+    return terms(words(x)).sum(-1, dtype=torch.int32).to(torch.int64)
