@@ -46,8 +46,9 @@ class _Digest:  # a graph replay's result: a ready device buffer, nothing comput
     def __init__(self) -> None:
         self.flat = torch.zeros(2_000, dtype=torch.uint8)
 
-    def run(self, blocks: np.ndarray, graphs: bool) -> tuple:
-        return self.flat, [(torch.float32, (2, LAYERS, 8, 5), 0)], blocks.shape[1]
+    def run(self, blocks: np.ndarray, graphs: bool, extra: torch.Tensor | None = None) -> tuple:
+        cols = blocks.shape[1] + (0 if extra is None else extra.shape[1])  # + resume columns
+        return self.flat, [(torch.float32, (2, LAYERS, 8, 5), 0)], cols
 
     def status(self, want: bool) -> str:
         return "on"

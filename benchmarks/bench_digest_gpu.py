@@ -9,7 +9,10 @@ with the Triton path off (``statescope.capture.digest`` falls back to its torch 
 once with it on. Reported per step: host time (``perf_counter`` around the call; nothing is
 synchronized inside it) and device time (CUDA events around the call, with a sleep kernel queued
 first so the step's kernels run back to back however slowly the host enqueues them). Checks that
-the two paths' checksums and conv token-row checksums are identical and prints one JSON line.
+the two paths' exact numbers (checksum and word hash, per block and per conv token row) are
+identical and prints one JSON line. A third pass runs the Triton kernel without the word hash
+(``digest_triton.HASH = False``: the digest as it was before issue 20) and reports
+``hash_device_ratio`` / ``hash_host_ratio``: the cost of the hash, new over old.
 
     python benchmarks/bench_digest_gpu.py [--layers 18] [--requests 32] [--layout SD] [--iters 10]
         [--stages 3] [--tile 2048]
@@ -116,11 +119,12 @@ def main() -> None:
     ids = torch.stack([torch.randperm(blocks - 1, generator=gen)[:args.requests] + 1
                        for _ in range(args.layers)])  # [L, R], no null block
     results = {}
-    for path in ("torch", "triton"):
-        digest_mod._triton[:] = [] if path == "triton" else [None]
+    for path in ("torch", "triton", "triton_nohash"):
+        digest_triton.HASH = path != "triton_nohash"
+        digest_mod._triton[:] = [] if path.startswith("triton") else [None]
         d = Digester(3, 0)
         cap = SimpleNamespace(geoms=geoms, digester=d, device_path=True)
-        if path == "triton":
+        if path.startswith("triton"):
             assert d.digest_device([s[1] for s in states], ids.to(args.device)) is not None, \
                 "the Triton path declined (see the log)"
         results[path] = run(cap, states, ids, args.iters)
@@ -140,8 +144,13 @@ def main() -> None:
            "conv_row_checks_equal": bool(torch.equal(a["conv_row_checks"].cpu(),
                                                      b["conv_row_checks"].cpu())),
            "stats_max_rel_diff": rel}
+    digest_triton.HASH = True
     for path, r in results.items():
         out.update({f"{path}_{k}": round(v, 4) for k, v in r.items() if k != "item"})
+    old, new = results["triton_nohash"], results["triton"]
+    out["hash_device_ratio"] = round(new["device_ms_min"] / max(old["device_ms_min"], 1e-9), 3)
+    out["hash_host_ratio"] = round(new["host_ms"] / max(old["host_ms"], 1e-9), 3)
+    out["hashes_nonzero"] = bool((b["checksum"][..., 1] != 0).any())
     dev_s = results["triton"]["device_ms_min"] / 1e3
     out["triton_GBps"] = round(out["bytes_per_step"] / dev_s / 1e9, 1) if dev_s else None
     print(json.dumps(out))

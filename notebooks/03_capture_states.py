@@ -161,8 +161,11 @@ first_divergence(clean, faulty)[["req_id_b", "steps_compared", "first_step", "ki
 
 # %% [markdown]
 # That run also digested the draft columns (`draft_columns`): the candidate states after each
-# draft token, in the blocks after the running column (`column_offset` 1 and 2). Comparisons use
-# the running column unless asked for another one.
+# draft token, in the blocks after the running column (`column_offset` 1 and 2). Every capture
+# also digests, for each request with drafts, the column its next step resumes from (`resume`:
+# the recurrent state after the accepted tokens). Comparisons use that column by default, or
+# every column when both runs digested them all; `first_divergence(...).attrs["columns"]` says
+# which.
 
 # %%
 d = faulty.digests()

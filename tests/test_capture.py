@@ -206,16 +206,30 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatc
     assert a.manifest["block_table_source"] == b.manifest["block_table_source"] == "input_batch"
     diff = digest_diff(a, b)
     running_b = b.digests()[b.digests()["column_offset"] == 0]
-    assert len(diff) == len(a.digests()) == len(running_b) > 0
+    da = a.digests()
+    assert diff.attrs["columns"] == "resume"  # b has every column, a the resume one
+    compared = da[((da["kind"] == "conv") & (da["column_offset"] == 0))
+                  | ((da["kind"] == "ssm") & da["resume"])]
+    assert len(diff) == len(compared) == len(running_b) > 0
     assert diff["same"].all()
-    assert set(a.digests()["column_offset"]) == {0}  # draft columns are off by default
+    # draft columns are off by default: past the running column only the resume column, and
+    # only for the recurrent state
+    extra = da[da["column_offset"] > 0]
+    assert len(extra) and extra["resume"].all() and set(extra["kind"]) == {"ssm"}
+    same_col = extra.merge(b.digests(), on=["prompt_sha", "req_step", "layer", "kind",
+                                            "column_offset"], suffixes=("", "_b"))
+    assert len(same_col) == len(extra) and (same_col["hash"] == same_col["hash_b"]).all()
+    assert same_col["resume_b"].all()  # both runs agree which column the next step reads
     assert a.digests()["checksum"].nunique() > 12  # digests are not trivially constant
     keys = ["prompt_sha", "req_step"]
     facts = ["num_computed_tokens", "num_scheduled_tokens", "num_drafts", "accepted",
-             "num_accepted_sampled", "num_accepted_used", "running_col", "conv_live_offset"]
+             "num_accepted_sampled", "num_accepted_used", "running_col", "conv_live_offset",
+             "resume_col_offset"]
     sa, sb = (r.steps().sort_values(keys).reset_index(drop=True) for r in (a, b))
     assert sa[keys + facts].equals(sb[keys + facts])
     assert (sa["accepted"] >= 1).all() and (sa["num_drafts"] == 2).sum() > 0
+    # the recurrent state is read from the column where the conv window's live rows start
+    assert (sa["resume_col_offset"] == sa["conv_live_offset"]).all()
     # sampled vs used: every step of this engine launched the align post-process, which read
     # the count the sampler produced (no async scheduling on CPU: nothing can make them differ)
     assert sa["num_accepted_used"].notna().all()
@@ -245,17 +259,18 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatc
 def test_torch_digest_fallback_sees_the_same_states(trigger, tmp_path, monkeypatch):
     """Without the C kernel (no compiler) the capture gathers and reduces with torch ops: the
     same checksums (exact on both paths), the float statistics equal up to rounding."""
-    from statescope.capture import digest
+    from statescope.capture import digest_native
 
     a, _ = _capture(trigger, tmp_path, "c", prompts=prompts_for(trigger, 4), max_tokens=12)
-    monkeypatch.setattr(digest, "_native", [None])
+    monkeypatch.setattr(digest_native, "_native", [None])
     b, _ = _capture(trigger, tmp_path, "torch", prompts=prompts_for(trigger, 4), max_tokens=12)
     assert b.manifest["digest_kernel"] == "torch"
-    keys = ["prompt_sha", "req_step", "layer", "kind"]
+    keys = ["prompt_sha", "req_step", "layer", "kind", "column_offset"]
     m = a.digests().merge(b.digests(), on=keys, suffixes=("_a", "_b"))
     assert len(m) == len(a.digests()) == len(b.digests()) > 0
     ssm = m[m["kind"] == "ssm"]  # conv windows: whole-window checksums include dead rows
     assert len(ssm) and (ssm["checksum_a"] == ssm["checksum_b"]).all()
+    assert (ssm["hash_a"] == ssm["hash_b"]).all()  # the word hash: exact on both paths too
     for col in ("sum", "sumsq", "proj0"):
         np.testing.assert_allclose(ssm[col + "_a"], ssm[col + "_b"], rtol=1e-4, atol=1e-3)
     live = a.steps().set_index(["req_id", "engine_step"])["conv_live_offset"]
@@ -430,6 +445,12 @@ def test_cli_capture_then_census(engine_pool, tmp_path, capfd):
     out = json.loads(printed[printed.rindex('{\n  "runs"'):])
     assert len(out["runs"]) == 1 and out["runs"][0]["steps"] > 0 and out["requests"] == 4
     assert out["runs"][0]["status"] == "complete" and out["runs"][0]["bytes"] > 0
+    ended = out["runs"][0]["ended"]  # planned vs done, in the manifest (issue 20)
+    assert ended["complete"] and ended["requests_planned"] == ended["requests_finished"] == 4
+    assert ended["workload"]["max_tokens"] == 8 and ended["waves_completed"] == 2
+    ex = out["runs"][0]["exercised"]  # tiny-gui on the GUI workload: drafts partly accepted
+    assert ex["decode_steps"] > 0 and 0 < ex["acceptance"] < 1 and ex["partial_accept_steps"] > 0
+    assert out["engine_error"] is None
     pert = out["runs"][0]["perturbation"]  # every captured run states what capturing did
     assert pert["mode"] == "digest" and pert["forced_sync"] is False
     assert pert["forced_eager"] is False and pert["async_scheduling_resolved"] is False

@@ -1,4 +1,4 @@
-"""digest_diff across digest versions and kernels: checksums only across versions, a warning either way.
+"""digest_diff across digest versions and kernels: exact numbers only across versions, a warning either way.
 
 Small fakes of a capture run (manifest + digest/step tables) are enough: digest_diff is a pure join.
 """
@@ -38,7 +38,7 @@ def test_same_version_and_kernel_compares_floats_without_warning():
 def test_different_versions_compare_checksums_only_and_warn():
     a = FakeRun(1.0, 7, digest_version=1)
     b = FakeRun(2.0, 7, digest_version=2)
-    with pytest.warns(DigestMismatchWarning, match="checksums only"):
+    with pytest.warns(DigestMismatchWarning, match="exact numbers only"):
         assert digest_diff(a, b)["same"].all()
     with pytest.warns(DigestMismatchWarning):
         assert not digest_diff(a, FakeRun(1.0, 8, digest_version=2))["same"].any()

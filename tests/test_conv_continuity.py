@@ -204,3 +204,8 @@ def test_continuity_cli_reports_the_gpu_breaks_and_exits_1(gpu_run, capsys):
     assert out["summary"]["break_transitions"] == 41 and len(out["breaks"]) == 41 * 3
     assert {b["expected_shift"] for b in out["breaks"]} == {3}
     assert all(b["moved"] for b in out["breaks"])
+    # every break moved all three layers' windows by one other shift: the wrong-count signature
+    assert out["summary"]["break_kinds"] == {"wrong shift": 41}
+    assert {b["break_kind"] for b in out["breaks"]} == {"other shift"}
+    main(["continuity", str(gpu_run.path)])
+    assert "41 wrong shift: every GDN layer's window moved" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Device-side digests of state blocks (CPU tensors here; the same code runs on CUDA)."""
+"""Device-side digests of state blocks (CPU tensors here; the same code runs on CUDA), and the
+word hash that sees what the word-sum checksum misses (``statescope.capture.word_hash``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from statescope.capture import digest as digest_mod
+from statescope.capture import digest_native, word_hash
 from statescope.capture.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
                                stat_names, to_host_async, unpack)
 
@@ -48,13 +50,68 @@ def test_stats_and_checksum_match_a_reference_on_padded_views():
     ids = torch.tensor([[3, 0, 7]])
     for states in ([conv], [ssm]):
         stats, checks = d.digest(states, ids)
-        assert stats.shape == (1, 3, len(stat_names(2))) and checks.shape == (1, 3)
+        assert stats.shape == (1, 3, len(stat_names(2))) and checks.shape == (1, 3, 2)
         for r, b in enumerate(ids[0].tolist()):
             x = states[0][b].to(torch.float32)
             assert stats[0, r, 0].item() == pytest.approx(x.sum().item(), rel=1e-4, abs=1e-4)
             assert stats[0, r, 1].item() == pytest.approx((x * x).sum().item(), rel=1e-4)
             assert stats[0, r, 2].item() == 0 and stats[0, r, 3].item() == 0  # NaN, Inf
-            assert checks[0, r].item() == _ref_checksum(states[0][b])
+            assert checks[0, r, 0].item() == _ref_checksum(states[0][b])
+            assert checks[0, r, 1].item() == _ref_hash(states[0][b])
+
+
+def _fmix(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _ref_hash(block: torch.Tensor) -> int:
+    """The word hash written out in plain Python ints from its definition (word_hash docstring)."""
+    cols = block.shape[-1]
+    bits = 16 if block.element_size() == 2 else 32
+    words = block.contiguous().view(torch.int16 if bits == 16 else torch.int32).reshape(-1, cols)
+    total = 0
+    for r, row in enumerate(words.tolist()):
+        terms = sum(_fmix((w & (2**bits - 1)) ^ (((c + 1) * 0x9E3779B1) & 0xFFFFFFFF))
+                    for c, w in enumerate(row))
+        total += (_fmix(r) | 1) * terms
+    total %= 2**32
+    return total - 2**32 if total >= 2**31 else total
+
+
+def test_hash_sees_a_doubled_state_and_a_swap_the_checksum_misses():
+    """The two blind spots of the word sum (issue 20): a float32 state scaled by 2 with a
+    multiple of 512 nonzero elements keeps its checksum (every exponent +1 adds 2**23), and a
+    swap of two values inside a row keeps the row's checksum and sum. The hash sees both, and
+    stays exact: the C kernel and the torch path agree with it bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    ssm = torch.randn(4, 2, 16, 32, generator=g)  # 1024 elements per block
+    ssm[1] = ssm[0] * 2
+    d = Digester(3, 0)
+    stats, exact = d.digest([ssm], torch.tensor([[0, 1]]))
+    assert exact[0, 0, 0] == exact[0, 1, 0]  # the checksum's blind spot, reproduced
+    assert exact[0, 0, 1] != exact[0, 1, 1]  # the hash sees it
+    conv = torch.randn(3, 5, 48, generator=g).to(torch.bfloat16)
+    conv[1] = conv[0]
+    conv[1, 2, [7, 30]] = conv[1, 2, [30, 7]]  # swap two channels of token row 2
+    rows_exact, sums = d.token_rows(d.gather([conv], torch.tensor([[0, 1]])), conv.shape[1:], 0)
+    assert rows_exact[0, 0, 2, 0] == rows_exact[0, 1, 2, 0]  # row checksum unchanged ...
+    torch.testing.assert_close(sums[0, 0, 2], sums[0, 1, 2])  # ... and row sum
+    assert rows_exact[0, 0, 2, 1] != rows_exact[0, 1, 2, 1]  # the row hash sees the swap
+    assert (rows_exact[0, 0, [0, 1, 3, 4], 1] == rows_exact[0, 1, [0, 1, 3, 4], 1]).all()
+    # a row keeps its hash wherever it sits in the window (the live-row comparison shifts)
+    moved = conv[0].roll(1, 0)
+    assert torch.equal(word_hash.token_row_hash(moved)[1:], word_hash.token_row_hash(conv[0])[:-1])
+    # whole-row permutations change the block hash (row weights), not the checksum
+    assert word_hash.block_hash(moved) != word_hash.block_hash(conv[0])
+    assert _ref_hash(conv[1]) == word_hash.block_hash(conv[1]).item()
+    if digest_mod.native_kernel() is not None:
+        got = d.digest_in_place([conv], torch.tensor([[0, 1]]), with_rows=True)
+        assert torch.equal(got[2], rows_exact)
+        assert torch.equal(d.digest_in_place([ssm], torch.tensor([[0, 1]]))[1], exact)
 
 
 def test_checksum_is_exact_and_batch_independent_projections_are_positional():
@@ -62,16 +119,16 @@ def test_checksum_is_exact_and_batch_independent_projections_are_positional():
     d = Digester(projections=3, seed=1)
     alone, alone_sum = d.digest([ssm], torch.tensor([[4]]))
     batch, batch_sum = d.digest([ssm], torch.tensor([[1, 4, 6, 2]]))
-    assert alone_sum[0, 0] == batch_sum[0, 1]
+    assert torch.equal(alone_sum[0, 0], batch_sum[0, 1])
     torch.testing.assert_close(alone[0, 0], batch[0, 1], rtol=1e-5, atol=1e-5)
     before, before_sum = d.digest([ssm], torch.tensor([[4]]))
-    ssm[4, 0, 0, 0] = ssm[4, 0, 0, 0] + 1.0  # one word changes -> checksum changes
+    ssm[4, 0, 0, 0] = ssm[4, 0, 0, 0] + 1.0  # one word changes -> checksum and hash change
     after, after_sum = d.digest([ssm], torch.tensor([[4]]))
-    assert after_sum[0, 0] != before_sum[0, 0]
-    # a permutation keeps the (order-free) checksum but moves the projections
+    assert (after_sum[0, 0] != before_sum[0, 0]).all()
+    # a permutation keeps the (order-free) checksum but moves the projections and the hash
     ssm[5].copy_(ssm[4].flip(-1))
     perm, perm_sum = d.digest([ssm], torch.tensor([[5]]))
-    assert perm_sum[0, 0] == after_sum[0, 0]
+    assert perm_sum[0, 0, 0] == after_sum[0, 0, 0] and perm_sum[0, 0, 1] != after_sum[0, 0, 1]
     assert not torch.allclose(perm[0, 0, 4:], after[0, 0, 4:])
     # same seed, same weights; another seed, other projections
     again, _ = Digester(projections=3, seed=1).digest([ssm], torch.tensor([[4]]))
@@ -124,7 +181,8 @@ def test_in_place_kernel_matches_the_torch_digest_on_padded_views():
     d = Digester(projections=3, seed=4)
     ssm[5].copy_(ssm[4].flip(-1))
     a, b = d.digest_in_place([ssm], torch.tensor([[4, 5]]))[:2]
-    assert b[0, 0] == b[0, 1] and not torch.allclose(a[0, 0, 4:], a[0, 1, 4:])
+    assert b[0, 0, 0] == b[0, 1, 0] and not torch.allclose(a[0, 0, 4:], a[0, 1, 4:])
+    assert b[0, 0, 1] != b[0, 1, 1]
     ssm[4, 1, 2, 3] = float("nan")
     ssm[5, 0, 0, 0] = float("-inf")
     a, _ = d.digest_in_place([ssm], torch.tensor([[4, 5, 6]]))[:2]
@@ -140,7 +198,7 @@ def test_in_place_kernel_declines_what_it_does_not_cover(monkeypatch):
     ids = torch.tensor([[1, 2]])
     assert d.digest_in_place([ssm.to(torch.float16)], ids) is None  # dtype
     assert d.digest_in_place([conv.transpose(1, 2)], ids) is None  # blocks not contiguous
-    monkeypatch.setattr(digest_mod, "_native", [None])  # no compiler / STATESCOPE_DIGEST_NATIVE=0
+    monkeypatch.setattr(digest_native, "_native", [None])  # no compiler / STATESCOPE_DIGEST_NATIVE=0
     assert d.digest_in_place([ssm], ids) is None
 
 
@@ -193,10 +251,11 @@ def test_token_rows_per_layout():
     d = Digester(0, 0)
     ids = torch.tensor([[2, 6]])
     checks, sums = d.token_rows(d.gather([conv], ids), conv.shape[1:], 0)
-    assert checks.shape == (1, 2, 5)
+    assert checks.shape == (1, 2, 5, 2)
     for r, b in enumerate((2, 6)):
         for t in range(5):
-            assert checks[0, r, t].item() == _ref_checksum(conv[b, t])
+            assert checks[0, r, t, 0].item() == _ref_checksum(conv[b, t])
+            assert checks[0, r, t, 1].item() == _ref_hash(conv[b, t][None])  # one row: weight 1
             assert sums[0, r, t].item() == pytest.approx(conv[b, t].float().sum().item(), abs=1e-3)
     ds = conv.transpose(1, 2)  # DS layout: (conv_dim, state_len) per block
     checks_ds, _ = d.token_rows(d.gather([ds], ids), ds.shape[1:], 1)

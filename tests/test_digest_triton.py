@@ -84,7 +84,7 @@ def interpreter_checks() -> None:
                 dt.digest_blocks(conv, ids, *weights, True, 0, 1),
                 dt.digest_blocks(conv, ids, *weights, True, 0, 3)):
         _same(got, *d.digest(conv, ids))
-        assert got[2].shape == (3, 4, 5) and torch.equal(got[2], rows[0])
+        assert got[2].shape == (3, 4, 5, 2) and torch.equal(got[2], rows[0])
         torch.testing.assert_close(got[3], rows[1], rtol=1e-4, atol=2e-3, equal_nan=True)
     # DS layout (conv_dim 600 x state_len 5 per block, contiguous): tokens are block columns
     ds = [torch.randn(9, 600, 5, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16) * 9
@@ -94,7 +94,7 @@ def interpreter_checks() -> None:
         got = dt.digest_blocks(ds, ids, *[w[1:] for w in d._weights_for(600, 5, ds[0].device)],
                                True, 1, splits)
         _same(got, *d.digest(ds, ids))
-        assert got[2].shape == (3, 4, 5) and torch.equal(got[2], rows[0])
+        assert got[2].shape == (3, 4, 5, 2) and torch.equal(got[2], rows[0])
         torch.testing.assert_close(got[3], rows[1], rtol=1e-4, atol=2e-3)
     # where it must decline
     assert d.digest_device([c.transpose(1, 2) for c in conv], ids) is None  # not contiguous

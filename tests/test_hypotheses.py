@@ -90,7 +90,7 @@ def test_lostcopy_wants_conv_and_ssm_in_the_step_of_a_postprocess_copy():
 
 
 def test_reorder_wants_the_prefill_in_the_divergent_step_itself():
-    r = rec(kinds=("conv", "ssm"), batch_has_prefill=True, prefill_steps=[2])
+    r = rec(kinds=("conv", "ssm"), layers=LAYERS, batch_has_prefill=True, prefill_steps=[2])
     assert score_reorder(r, SYNC_SPEC).verdict == CONTRADICTS  # prefill one step earlier
     assert score_reorder({**r, "events": {**r["events"], "prefill_steps": [3]}},
                          SYNC_SPEC).verdict == SUPPORTS
@@ -129,8 +129,10 @@ def test_empty_wants_a_decode_step_without_drafts():
 
 
 def test_reorder_wants_a_prefill_in_the_batch_and_the_recurrent_state_at_once():
-    hit = rec(kinds=("conv", "ssm"), batch_has_prefill=True)
+    hit = rec(kinds=("conv", "ssm"), layers=LAYERS, batch_has_prefill=True)
     assert score_reorder(hit, SYNC_SPEC).verdict == SUPPORTS
+    one = score_reorder({**hit, "layers": LAYERS[1:2]}, SYNC_SPEC)  # a wrong kernel hits every layer
+    assert one.verdict == CONTRADICTS and "1 of 3 GDN layers" in one.why
     assert score_reorder(rec(batch_has_prefill=True), SYNC_SPEC).verdict == CONTRADICTS
     assert score_reorder(rec(kinds=("conv", "ssm")), SYNC_SPEC).verdict == CONTRADICTS
     assert score_reorder(hit, RunContext()).verdict == NOT_EXERCISED
@@ -144,13 +146,37 @@ def test_table_ranks_by_supporting_requests_and_labels_a_planted_fault():
     top = table.rows[0]
     assert table.ranking()[0] == "H-copy" and top["supports"] == 3 and top["rank"] == 1
     assert top["label"].startswith("EMULATED")
-    assert all(r["label"] == "observed" for r in table.rows[1:])
+    # the others say what they are: contradicted by some request, or not exercised at all
+    assert all(r["label"] == ("contradicted" if r["contradicts"] else "not exercised")
+               for r in table.rows[1:] if not r["supports"])
     assert sum(r["supports"] + r["contradicts"] + r["not_exercised"] for r in table.rows) \
         == 3 * len(SCORERS)
     assert "EMULATED" in table._repr_html_() and json.dumps(table.to_dict())
+    assert table.finding() == ["H-copy"] and "EMULATED" in table.finding_line()
     honest = hypothesis_table(records, RunContext(spec=True, gdn_layers=3, same_block_shifts=3))
     assert honest.rows[0]["label"] == "observed"  # nothing planted, nothing emulated
     assert hypothesis_table([], ctx).rows[0]["why"] == "no request diverged from the reference"
+    assert hypothesis_table([], ctx).finding_line() == "no request diverged: nothing to explain"
+
+
+def test_when_nothing_fits_the_table_says_so_and_ranks_not_exercised_last():
+    """Issue 20, defect 6: a run whose divergence no mechanism explains ranked a "not exercised"
+    mechanism first, labelled "observed". Now: supported, then contradicted, then not exercised;
+    no finding, and a line that says no mechanism fits."""
+    # a recurrent-state change in one layer of a synchronous run without shifts, hits or copies
+    records = [rec(kinds=("ssm",), layers=LAYERS[:1], first_step=4)]
+    ctx = RunContext(spec=True, gdn_layers=3)
+    table = hypothesis_table(records, ctx)
+    assert all(r["supports"] == 0 for r in table.rows)
+    assert table.finding() == []
+    assert table.finding_line().startswith("no mechanism fits the evidence")
+    groups = [0 if r["contradicts"] else 1 for r in table.rows]  # contradicted, then the rest
+    assert groups == sorted(groups) and groups[-1] == 1
+    top = table.rows[0]
+    assert top["label"] == "contradicted" and top["contradicts"] == 1
+    assert all(r["label"] == "not exercised" for r in table.rows if not r["contradicts"])
+    assert "no mechanism fits" in table._repr_html_()
+    assert table.to_dict()["finding"] == []
 
 
 def test_async_all_layer_evidence_ranks_accept_over_copy():
@@ -216,7 +242,7 @@ def test_barrierless_run_diverges_after_same_block_shifts_and_ranks_copy_first(
     parser = argparse.ArgumentParser()
     add_diverge_subcommand(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["diverge", str(bad.path), "--reference", str(ref.path), "--json"])
-    assert args.func(args) == 0
+    assert args.func(args) == 1  # requests diverge: a problem found (README: 0 / 1 / 2)
     printed = capsys.readouterr().out  # vLLM may log to stdout too: the report is the last JSON
     out = json.loads(printed[printed.rindex('{\n  "run"'):])
     assert out["requests_diverged"] == len(diverged) and out["requests_compared"] == 12
@@ -228,3 +254,28 @@ def test_barrierless_run_diverges_after_same_block_shifts_and_ranks_copy_first(
     assert table.rows[0]["supports"] == len(diverged) and table.rows[0]["contradicts"] == 0
     accept = next(r for r in table.rows if r["hypothesis"] == "H-accept")
     assert accept["not_exercised"] == len(diverged)  # the CPU build never schedules async
+
+
+def test_a_value_change_in_one_layer_is_not_a_wrong_accepted_count():
+    """Issue 20, defect 3: +4.0 on one carried conv row of one layer broke continuity with no
+    shift fitting, and H-accept was ranked first on it. A wrong count is one number per request:
+    it moves every GDN layer's window by the same other shift. Anything else contradicts it."""
+    import pandas as pd
+
+    from statescope.diverge.hypotheses import with_continuity
+
+    def cont(broken_layers: int, observed: list) -> pd.DataFrame:
+        return pd.DataFrame([{"req_id": "r", "req_step": 4, "layer": l, "expected_shift": 3,
+                              "observed_shifts": observed if i < broken_layers else [3],
+                              "ok": i >= broken_layers} for i, l in enumerate(LAYERS)])
+
+    record = rec(kinds=("conv", "ssm"), layers=LAYERS, first_step=4)
+    for broken, observed, verdict in ((1, [], CONTRADICTS), (3, [], CONTRADICTS),
+                                      (1, [1], CONTRADICTS), (3, [1], SUPPORTS)):
+        v = score_accept(with_continuity(record, cont(broken, observed)), ASYNC_SPEC)
+        assert v.verdict == verdict, (broken, observed, v)
+        if verdict == CONTRADICTS:
+            assert "value change" in v.why and f"{broken} of 3" in v.why
+    table = hypothesis_table([record], ASYNC_SPEC, continuity=cont(1, []))
+    accept = next(r for r in table.rows if r["hypothesis"] == "H-accept")
+    assert accept["supports"] == 0 and "H-accept" not in table.finding()

@@ -195,7 +195,7 @@ def test_cli_by_position_prints_first_divergence_and_hypothesis_table(study, cap
         "--reference", str(study.runs["clean"][0].run.path), "--by-position",
         "--noise", str(study.runs["rebatched"][0][0].run.path),
         "--planted", "drop_postprocess_copy", "--json"])
-    assert args.func(args) == 0
+    assert args.func(args) == 1  # a request diverges: a problem found
     printed = capsys.readouterr().out
     out = json.loads(printed[printed.rindex('{\n  "run"'):])
     assert out["unit"] == "tolerance units" and out["requests_diverged"] == 1

@@ -6,25 +6,29 @@ padded page buffers) to a short row of numbers. What each one detects:
 
 - ``checksum`` (exact): the block's raw words (int16 for bf16, int32 for float32) summed modulo
   2**32. Identical bytes give a bit-identical checksum on any device, batch size or summation
-  order; any single changed word changes it. Blind to a permutation of the words.
+  order; any single changed word changes it. Blind to a permutation of the words, and to a
+  whole float32 state scaled by 2 when it has a multiple of 512 nonzero elements (each exponent
+  +1 adds 2**23 to its word).
+- ``hash`` (exact): the words mixed with their position before they are summed
+  (``statescope.capture.word_hash``): as exact and order-free as the checksum, and it sees the
+  permutations and the scaling the checksum misses. The two travel together as the last axis
+  (``EXACT``) of the "exact" tensors below.
 - ``proj0..`` (``projections`` of them): random bilinear forms ``u_j @ X @ v_j`` of the block
   viewed as a matrix X (seeded Gaussian u_j, v_j per block shape). Position-sensitive: a
-  shifted, transposed or permuted state changes them (what the checksum cannot see); compared
-  with a small relative tolerance.
-- ``sum`` and ``sumsq`` (float): magnitude — a blow-up shows in the sum of squares. They add no
-  detection power the two above lack; ``sumsq`` is optional (``Digester(sumsq=False)``) for a
-  device where its extra pass costs.
+  shifted, transposed or permuted state changes them; compared with a small relative tolerance.
+- ``sum`` and ``sumsq`` (float): magnitude — a blow-up shows in the sum of squares. ``sumsq`` is
+  optional (``Digester(sumsq=False)``) for a device where its extra pass costs.
 - ``nan`` / ``inf`` (exact counts): garbage. A non-finite sum flags a block; on a GPU they are
   always counted (a host branch would synchronize), on a CPU only in flagged blocks.
 
 How: on a CPU, ``digest_in_place`` reads every selected block once, where it lies, with a small C
-kernel (compiled on first use into the temp directory; ctypes, GIL released): all the numbers in
-one pass, no gather. On a CUDA GPU, ``digest_device`` does the same with one Triton launch per
+kernel (``statescope.capture.digest_native``: compiled on first use into the temp directory;
+ctypes, GIL released): all the numbers in one pass, no gather. On a CUDA GPU, ``digest_device`` does the same with one Triton launch per
 state kind (``statescope.capture.digest_triton``; host launch overhead, not memory traffic, is the cost
 there). Elsewhere (no Triton, no C compiler, or another dtype/layout) ``digest`` gathers the
 blocks with ``index_select`` a chunk at a time and reduces each chunk with device ops that
 enqueue behind the step's own kernels: one batched matmul ``U @ X`` (sum and projections), one
-integer sum (checksum), one norm (sumsq). All paths use the same weights; checksums agree bit
+integer sum (checksum), the hash's integer ops, one norm (sumsq). All paths use the same weights; checksums agree bit
 for bit, floats up to rounding (so one run uses one path).
 The Triton path is the default on CUDA since it was measured on the H200 (vLLM 0.26.0, round 3 in
 ``data/results/gpu/e2e_round3/``): checksums bit-identical to the torch path, no synchronization,
@@ -44,19 +48,16 @@ an accelerator.
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import logging
 import math
 import os
-import platform
-import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from statescope.capture import word_hash
+from statescope.capture.digest_native import ENV_NATIVE, native_kernel  # noqa: F401 (re-export)
 
 log = logging.getLogger("statescope.capture.digest")
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -66,6 +67,7 @@ _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # memory profiling left: 16 MB is what was measured safe on the H200; the Triton path avoids both.
 CHUNK_BYTES = {"cpu": 2**20, "other": 16 * 2**20}
 ENV_TRITON = "STATESCOPE_DIGEST_TRITON"  # "0": skip the one-launch Triton digest (on by default)
+EXACT = ("checksum", "hash")  # the last axis of every "exact" tensor, in this order
 
 
 def stat_names(projections: int, sumsq: bool = True) -> tuple[str, ...]:
@@ -133,8 +135,9 @@ class Digester:
         return list(self.iter_chunks(states, block_ids, reuse))
 
     def reduce(self, chunks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(stats ``[L, R, len(names)]`` float32, checksum ``[L, R]`` int64) on the chunks'
-        device; a generator from ``iter_chunks`` has each chunk reduced while still in cache."""
+        """(stats ``[L, R, len(names)]`` float32, exact ``[L, R, 2]`` int64: checksum and hash)
+        on the chunks' device; a generator from ``iter_chunks`` has each chunk reduced while
+        still in cache."""
         return self._finish([self._passes(c) for c in chunks])
 
     def digest(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
@@ -144,8 +147,8 @@ class Digester:
 
     def digest_in_place(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
                         with_rows: bool = False) -> tuple | None:
-        """CPU: ``(stats, checksum, row_checks, row_sums)`` read from the blocks where they lie,
-        in one pass, by the C kernel: what ``digest`` gives (checksums bit-identical, floats up
+        """CPU: ``(stats, exact, row_exact, row_sums)`` read from the blocks where they lie, in
+        one pass, by the C kernel: what ``digest`` gives (exact numbers bit-identical, floats up
         to rounding) plus, ``with_rows``, per matrix row of a block what ``token_rows`` gives
         (conv windows, SD layout; else None). None where it does not apply: not on a CPU, no
         kernel, not float32/bfloat16, or blocks not contiguous."""
@@ -166,14 +169,18 @@ class Digester:
         bases = np.array([s.data_ptr() for s in states], dtype=np.int64)
         strides = np.array([s.stride(0) * s.element_size() for s in states], dtype=np.int64)
         raw = np.empty((layers, reqs, 2 + k), np.float32)
-        check = np.empty((layers, reqs), np.int64)
+        exact = np.empty((layers, reqs, 2), np.int64)  # written as two planes, then interleaved
+        check, hashed = np.empty((layers, reqs), np.int64), np.empty((layers, reqs), np.int64)
         row_checks = np.empty((layers, reqs, rows), np.int64) if with_rows else None
+        row_hashes = np.empty((layers, reqs, rows), np.int64) if with_rows else None
         row_sums = np.empty((layers, reqs, rows), np.float32) if with_rows else None
+        ptr = (lambda a: a.ctypes.data if a is not None else None)
         if fn(bases.ctypes.data, strides.ctypes.data, ids.ctypes.data, layers, reqs, rows, cols,
               first.element_size(), k, u[1:].data_ptr(), v[1:].data_ptr(), raw.ctypes.data,
-              check.ctypes.data, row_checks.ctypes.data if with_rows else None,
-              row_sums.ctypes.data if with_rows else None):
+              check.ctypes.data, hashed.ctypes.data, ptr(row_checks), ptr(row_hashes),
+              ptr(row_sums)):
             return None  # out of memory in the kernel: the caller falls back
+        exact[..., 0], exact[..., 1] = check, hashed
         counts = np.zeros((layers, reqs, 2), np.float32)
         if not np.isfinite(raw[..., :2]).all():  # some block holds a NaN/Inf (or overflowed)
             for li, r in zip(*np.nonzero(~np.isfinite(raw[..., :2]).all(-1))):
@@ -181,19 +188,19 @@ class Digester:
                 counts[li, r] = [torch.isnan(block).sum().item(), torch.isinf(block).sum().item()]
         stats = np.concatenate([raw[..., :1]] + ([raw[..., 1:2]] if self.sumsq else [])
                                + [counts, raw[..., 2:]], -1)
-        rows_out = (torch.from_numpy(row_checks), torch.from_numpy(row_sums)) if with_rows \
-            else (None, None)
-        return (torch.from_numpy(stats), torch.from_numpy(check)) + rows_out
+        rows_out = (torch.from_numpy(np.stack([row_checks, row_hashes], -1)),
+                    torch.from_numpy(row_sums)) if with_rows else (None, None)
+        return (torch.from_numpy(stats), torch.from_numpy(exact)) + rows_out
 
     def digest_device(self, states: Sequence[torch.Tensor], block_ids: torch.Tensor,
                       with_rows: bool = False, token_axis: int = 0) -> tuple | None:
-        """Accelerator: ``(stats, checksum, row_checks, row_sums)`` like ``digest_in_place``,
-        all blocks of the kind in one Triton launch (``statescope.capture.digest_triton``), read where
+        """Accelerator: ``(stats, exact, row_exact, row_sums)`` like ``digest_in_place``, all
+        blocks of the kind in one Triton launch (``statescope.capture.digest_triton``), read where
         they lie; ``with_rows``: what ``token_rows`` gives along ``token_axis`` (0: SD conv
-        windows, 1: DS). Checksums bit-identical to ``digest``, floats up to rounding. Nothing
-        is read back to the host. None where it does not apply: not a CUDA tensor (a CPU one
-        only under Triton's interpreter), Triton not importable or its kernel failed once, not
-        float32/bfloat16, blocks not contiguous, too many projections."""
+        windows, 1: DS). Exact numbers bit-identical to ``digest``, floats up to rounding.
+        Nothing is read back to the host. None where it does not apply: not a CUDA tensor (a
+        CPU one only under Triton's interpreter), Triton not importable or its kernel failed
+        once, not float32/bfloat16, blocks not contiguous, too many projections."""
         first = states[0]
         if first.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             return None
@@ -213,23 +220,26 @@ class Digester:
     @staticmethod
     def token_rows(chunks: Sequence[torch.Tensor], block_shape: Sequence[int], token_axis: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token-row (checksum, float sum) of gathered conv windows: ``[L, R, state_len]``
-        each. A window's rows are not all live (prefill writes only the first ``kernel - 1``;
-        after a step the live rows start at ``accepted - 1``), so comparisons pick live rows."""
-        sums, checks = [], []
+        """Per-token-row (exact ``[L, R, state_len, 2]``: checksum and hash; float sum
+        ``[L, R, state_len]``) of gathered conv windows. A window's rows are not all live
+        (prefill writes only the first ``kernel - 1``; after a step the live rows start at
+        ``accepted - 1``), so comparisons pick live rows."""
+        sums, exact = [], []
         for c in chunks:
             w = c.view(c.shape[0], c.shape[1], *block_shape)
             if token_axis == 1:  # DS layout: (conv_dim, state_len) per block
                 w = w.transpose(-1, -2).contiguous()
-            checks.append(w.view(_INT_VIEW[w.element_size()]).sum(-1, dtype=torch.int32))
+            check = w.view(_INT_VIEW[w.element_size()]).sum(-1, dtype=torch.int32).to(torch.int64)
+            exact.append(torch.stack([check, word_hash.token_row_hash(w)], -1))
             sums.append(w.to(torch.float32).sum(-1))
         if len(chunks) == 1:
-            return checks[0].to(torch.int64), sums[0]
-        return torch.cat(checks).to(torch.int64), torch.cat(sums)
+            return exact[0], sums[0]
+        return torch.cat(exact), torch.cat(sums)
 
     def _passes(self, g: torch.Tensor) -> tuple:
         """The passes over one chunk ``[Lc, R, *shape]``: one batched matmul (sum and the
-        bilinear projections), one integer sum (checksum), and the norm if ``sumsq``."""
+        bilinear projections), one integer sum (checksum), the hash (integer ops on the words),
+        and the norm if ``sumsq``."""
         lc, reqs = g.shape[:2]
         cols = g.shape[-1] if g.dim() > 2 else 1
         x = g if g.dtype == torch.float32 else g.to(torch.float32)
@@ -240,16 +250,18 @@ class Digester:
         flat = g.reshape(lc, reqs, -1)
         # int32 accumulation wraps: an exact sum modulo 2**32, independent of reduction order
         checksum = flat.view(_INT_VIEW[g.element_size()]).sum(-1, dtype=torch.int32)
+        hashed = word_hash.block_hash(g.reshape(lc, reqs, -1, cols))
+        exact = torch.stack([checksum.to(torch.int64), hashed], -1)
         norm = torch.linalg.vector_norm(x, 2, (-2, -1)) if self.sumsq else None
-        return sum_proj, checksum, norm, x
+        return sum_proj, exact, norm, x
 
     @staticmethod
     def _finish(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Assemble the columns. NaN/Inf are counted with device ops on an accelerator (a host
         branch on the sums would synchronize); on a CPU only in a chunk whose sum or sum of
         squares is not finite (which a NaN/Inf makes it, as does an overflow)."""
-        stats, sums = [], []
-        for sum_proj, checksum, norm, x in parts:
+        stats, exact = [], []
+        for sum_proj, ex, norm, x in parts:
             cols = [sum_proj[..., :1]] + ([norm.square().unsqueeze(-1)] if norm is not None else [])
             if x.device.type == "cpu" and bool(torch.isfinite(torch.cat(cols, -1)).all()):
                 cols.append(sum_proj.new_zeros(sum_proj.shape[:-1] + (2,)))
@@ -257,10 +269,10 @@ class Digester:
                 counts = [torch.isnan(x).sum((-2, -1)), torch.isinf(x).sum((-2, -1))]
                 cols.append(torch.stack(counts, -1).to(sum_proj.dtype))
             stats.append(torch.cat(cols + [sum_proj[..., 1:]], -1))
-            sums.append(checksum)
+            exact.append(ex)
         if len(parts) == 1:
-            return stats[0], sums[0].to(torch.int64)
-        return torch.cat(stats), torch.cat(sums).to(torch.int64)
+            return stats[0], exact[0]
+        return torch.cat(stats), torch.cat(exact)
 
 
 _triton: list = []  # [the statescope.capture.digest_triton module, or None where it cannot be used]
@@ -345,109 +357,3 @@ class Fence:
     def wait(self) -> None:
         if self.event is not None:
             self.event.synchronize()
-
-
-# ---- CPU: one pass over the blocks in place (no gather), a small C kernel built on first use ----
-
-ENV_NATIVE = "STATESCOPE_DIGEST_NATIVE"  # "0": always use the torch reductions
-_NATIVE_SRC = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-/* One pass over each selected block, a rows x cols matrix (contiguous, float32 or bfloat16):
-   per-column float accumulators of the sum, the sum of squares and the k row-weighted sums
-   u_j . X, per-column uint32 sums of the raw words (the checksum), combined in double. */
-static void acc_row(const float *restrict a, int64_t cols, int64_t k, const float *restrict wu,
-                    float *restrict s0, float *restrict sq, float *restrict pj) {
-  if (k == 3) {  /* the default: every accumulator in one loop */
-    float *restrict p0 = pj, *restrict p1 = pj + cols, *restrict p2 = pj + 2 * cols;
-    for (int64_t c = 0; c < cols; ++c) { float x = a[c]; s0[c] += x; sq[c] += x * x;
-      p0[c] += wu[0] * x; p1[c] += wu[1] * x; p2[c] += wu[2] * x; }
-    return;
-  }
-  for (int64_t c = 0; c < cols; ++c) { s0[c] += a[c]; sq[c] += a[c] * a[c]; }
-  for (int64_t j = 0; j < k; ++j)
-    for (int64_t c = 0; c < cols; ++c) pj[j * cols + c] += wu[j] * a[c];
-}
-
-static uint32_t words(const char *row, int64_t cols, int64_t elem, uint32_t *restrict ck) {
-  uint32_t total = 0, w;  /* int16 words sign-extended, as torch's int32 sum of them does */
-  for (int64_t c = 0; c < cols; ++c) {
-    w = elem == 4 ? ((const uint32_t *)row)[c] : (uint32_t)(int32_t)((const int16_t *)row)[c];
-    ck[c] += w; total += w; }
-  return total;
-}
-
-int statescope_digest(const int64_t *bases, const int64_t *strides, const int64_t *ids,
-                      int64_t layers, int64_t reqs, int64_t rows, int64_t cols, int64_t elem,
-                      int64_t k, const float *u, const float *v, float *stats, int64_t *check,
-                      int64_t *row_check, float *row_sum) {
-  float *acc = malloc(sizeof(float) * (size_t)(cols * (k + 3) + k + cols));
-  if (!acc) return 1;
-  float *s0 = acc, *sq = s0 + cols, *tmp = sq + cols, *pj = tmp + cols, *wu = pj + k * cols;
-  uint32_t *ck = (uint32_t *)(wu + k);
-  for (int64_t b = 0; b < layers * reqs; ++b) {
-    const char *x = (const char *)bases[b / reqs] + ids[b] * strides[b / reqs];
-    memset(acc, 0, sizeof(float) * (size_t)(cols * (k + 3) + k + cols));
-    for (int64_t m = 0; m < rows; ++m) {
-      const char *row = x + m * cols * elem;
-      const float *a = (const float *)row;
-      if (elem == 2) { const uint16_t *h = (const uint16_t *)row;  /* bf16: the high half */
-        for (int64_t c = 0; c < cols; ++c) {
-          uint32_t bits = (uint32_t)h[c] << 16; memcpy(tmp + c, &bits, 4); }
-        a = tmp; }
-      for (int64_t j = 0; j < k; ++j) wu[j] = u[j * rows + m];
-      acc_row(a, cols, k, wu, s0, sq, pj);
-      uint32_t rc = words(row, cols, elem, ck);
-      if (row_check) { double s = 0; for (int64_t c = 0; c < cols; ++c) s += a[c];
-        row_check[b * rows + m] = (int32_t)rc; row_sum[b * rows + m] = (float)s; }
-    }
-    double sum = 0, sumsq = 0; uint32_t total = 0;
-    for (int64_t c = 0; c < cols; ++c) { sum += s0[c]; sumsq += sq[c]; total += ck[c]; }
-    float *out = stats + b * (2 + k);
-    out[0] = (float)sum; out[1] = (float)sumsq; check[b] = (int32_t)total;
-    for (int64_t j = 0; j < k; ++j) { double p = 0;
-      for (int64_t c = 0; c < cols; ++c) p += (double)pj[j * cols + c] * v[j * cols + c];
-      out[2 + j] = (float)p; }
-  }
-  free(acc);
-  return 0;
-}
-"""
-_NATIVE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC") + (
-    ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
-_native: list = []  # [the kernel, or None when it cannot be built here]
-
-
-def native_kernel() -> Any:
-    """The C digest kernel (ctypes; it releases the GIL), compiled once per host into the temp
-    directory; None where no C compiler works or ``STATESCOPE_DIGEST_NATIVE=0``."""
-    if _native:
-        return _native[0]
-    fn = None
-    if os.environ.get(ENV_NATIVE, "1") != "0":
-        try:
-            key = hashlib.sha256((_NATIVE_SRC + str(_NATIVE_FLAGS) + platform.node())
-                                 .encode()).hexdigest()[:16]
-            # a private folder per user: a library others could write is never loaded
-            folder = Path(tempfile.gettempdir()) / f"statescope-native-{os.getuid()}"
-            folder.mkdir(mode=0o700, exist_ok=True)
-            if folder.stat().st_uid != os.getuid() or folder.stat().st_mode & 0o022:
-                raise PermissionError(f"{folder} is not private to this user")
-            lib = folder / f"digest-{key}.so"
-            if not lib.exists():  # build under a private name, publish atomically
-                src = folder / f"digest-{key}-{os.getpid()}.c"
-                src.write_text(_NATIVE_SRC)
-                tmp = src.with_suffix(".so")
-                subprocess.run(["cc", *_NATIVE_FLAGS, "-o", str(tmp), str(src)], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(tmp, lib)
-                src.unlink()
-            fn = ctypes.CDLL(str(lib)).statescope_digest
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6 + [ctypes.c_void_p] * 6
-        except Exception as exc:  # no compiler, sandbox, ...: the torch reductions still work
-            log.info("statescope digest: native kernel unavailable (%s); using torch", exc)
-            fn = None
-    _native.append(fn)
-    return fn

@@ -5,8 +5,8 @@ time (0.48 ms) but the host time of launching it — two Triton launches and ~30
 per step. ``StepDigest`` records that work once per *bucket* of digested columns (8, 16, 32, …:
 the block-index input padded to the bucket with copies of column 0) as a CUDA graph, and replays
 it: per step one pinned upload of the block indices and one ``replay()``. The output is one flat
-byte buffer per bucket (``flat_layout`` says where the conv/ssm statistics, checksums and conv token
-rows lie, for ``Cb`` columns); the caller copies it out with the step's other results and
+byte buffer per bucket (``flat_layout`` says where the conv/ssm statistics, exact numbers —
+checksum and word hash — and conv token rows lie, for ``Cb`` columns); the caller copies it out with the step's other results and
 ``slice_columns`` drops the padding on the host.
 
 Safety: a graph is built in the step the first time its bucket is needed: the body runs once
@@ -28,19 +28,23 @@ of one comparison (245,944 of another, not investigated), and the throughput rat
 ``run(blocks, graphs=False)`` runs the same padded body eagerly (the default; CPU tests of the
 padding, layout and slicing; the fallback).
 
+``digest_kinds`` is the body: both state kinds of a block table digested by the best path that
+applies (Triton, the C kernel, torch); ``engine_step_digest`` keeps one ``StepDigest`` per
+engine (on its model runner).
+
 What it deliberately does not do: choose blocks (``statescope.capture.run``), or copy results to
 the host (``statescope.capture.digest.to_host_async``).
 """
 from __future__ import annotations
 
 import logging
-import os
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from statescope.capture.digest import host_to_device, pack
+from statescope.capture.digest import Digester, host_to_device, native_kernel, pack
 
 log = logging.getLogger("statescope.capture.digest")
 ENV_GRAPH = "STATESCOPE_DIGEST_GRAPH"  # "0": launch the digest eagerly (graphs are the default)
@@ -96,8 +100,13 @@ class StepDigest:
             return "on"
         return self.failed if (want and self.failed) else "off"
 
-    def run(self, blocks: np.ndarray, graphs: bool = False) -> tuple | None:
-        cb = bucket(blocks.shape[1])
+    def run(self, blocks: np.ndarray, graphs: bool = False,
+            extra: torch.Tensor | None = None) -> tuple | None:
+        """Digest host columns ``blocks`` ``[L, C]`` then device columns ``extra`` ``[L, E]``
+        (the resume columns, picked on the device: copied into the index after its upload)."""
+        cols = blocks.shape[1]
+        total = cols + (0 if extra is None else extra.shape[1])
+        cb = bucket(total)
         if cb is None:
             return None
         host = torch.from_numpy(pad_columns(blocks, cb))
@@ -106,16 +115,17 @@ class StepDigest:
             if entry is not None:  # the steady state: one upload, one replay
                 graph, static_idx, flat, layout = entry
                 static_idx.copy_(host.pin_memory(), non_blocking=True)
+                _place(static_idx, cols, extra)
                 graph.replay()
-                return flat, layout, blocks.shape[1]
-            entry = self._build(cb, host_to_device(host, self.device))
+                return flat, layout, total
+            entry = self._build(cb, _place(host_to_device(host, self.device), cols, extra))
             if entry is not None:
-                return entry[2], entry[3], blocks.shape[1]
-        out = self.body(host_to_device(host, self.device))
+                return entry[2], entry[3], total
+        out = self.body(_place(host_to_device(host, self.device), cols, extra))
         if out is None:
             return None
         flat, layout = _flat(out)
-        return flat, layout, blocks.shape[1]
+        return flat, layout, total
 
     def _build(self, cb: int, idx: torch.Tensor) -> tuple | None:
         try:
@@ -149,6 +159,13 @@ class StepDigest:
         return entry
 
 
+def _place(idx: torch.Tensor, cols: int, extra: torch.Tensor | None) -> torch.Tensor:
+    """Write the device columns ``extra`` after the ``cols`` uploaded ones (stream-ordered)."""
+    if extra is not None and extra.shape[1]:
+        idx[:, cols:cols + extra.shape[1]].copy_(extra)
+    return idx
+
+
 def _flat(values: tuple) -> tuple[torch.Tensor, list]:
     """One byte buffer of (stats2, check2, rows_check, rows_sum); missing row outputs stay out."""
     present = [v for v in values if v is not None]
@@ -163,3 +180,66 @@ def unflatten(flat: torch.Tensor, layout: list, columns: int) -> list[torch.Tens
     present = unpack(flat, [x for x in layout if x is not None])
     it = iter(present)
     return slice_columns([next(it) if x is not None else None for x in layout], columns)
+
+
+# ---- the body the step digest runs, and the engine's StepDigest (used by capture.run) ----
+
+def digest_kinds(d: Digester, geom: Any, states: list, idx: torch.Tensor, reuse: bool) -> tuple:
+    """(stats ``[2, L, C, S]``, exact ``[2, L, C, 2]`` (checksum, hash), conv token-row exact
+    numbers ``[L, C, rows, 2]`` and sums) for
+    block table ``idx`` (on the states' device), straight from the blocks where a kernel applies:
+    on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
+    included; host launch overhead is the cost there), on CPU the C kernel
+    (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
+    compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
+    buffers (``reuse``: no per-step allocation), the recurrent state chunk by chunk. ``geom`` is
+    the first conv state's geometry. The step calls it, and the engine's ``StepDigest`` body."""
+    conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
+    conv = d.digest_device(conv_states, idx, with_rows=True,
+                           token_axis=1 if geom.dim_rows else 0)
+    ssm = d.digest_device(ssm_states, idx) if conv is not None else None
+    if conv is None or ssm is None:
+        conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
+        ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
+    if conv is None or ssm is None:
+        chunks = d.gather(conv_states, idx, reuse=reuse)
+        conv = d.reduce(chunks) + d.token_rows(chunks, geom.shape, 1 if geom.dim_rows else 0)
+        ssm = d.digest(ssm_states, idx, reuse=reuse)
+    elif conv[2] is None:  # DS layout: the token rows are columns of the block
+        conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
+    if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
+        stats = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
+        checks = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
+    else:
+        stats, checks = torch.stack([conv[0], ssm[0]]), torch.stack([conv[1], ssm[1]])
+    return stats, checks, conv[2], conv[3]
+
+
+def engine_step_digest(runner: Any, layers: list, geom: Any, spec: Any, device: torch.device,
+                        device_path: bool) -> StepDigest:
+    """The engine's ``StepDigest`` for this digest configuration, kept on the model runner so its
+    CUDA graphs are built once per engine (not per capture run). Its body owns its ``Digester``
+    (the graphs read its weights) and reads the runner's state tensors through a weak reference."""
+    cache = runner.__dict__.setdefault("_statescope_step_digests", {})
+    key = (spec.projections, spec.digest_seed, tuple(n for n, _ in layers), str(device))
+    sd = cache.get(key)
+    if sd is None:
+        ref, names = weakref.ref(runner), [n for n, _ in layers]
+        digester = Digester(spec.projections, spec.digest_seed)
+
+        def body(idx: torch.Tensor) -> tuple:
+            ctx = ref().compilation_config.static_forward_context
+            return digest_kinds(digester, geom, [list(ctx[n].kv_cache[:2]) for n in names], idx,
+                                reuse=not device_path)
+
+        sd = cache[key] = StepDigest(body, device)
+    return sd
+
+
+def digest_kernel_name(device: torch.device) -> str:
+    """Which digest path this run uses (manifests of different kernels agree on checksums only)."""
+    from statescope.capture.digest import triton_kernel
+
+    if device.type == "cpu":
+        return "c_in_place" if native_kernel() is not None else "torch"
+    return "triton" if device.type == "cuda" and triton_kernel() is not None else "torch"

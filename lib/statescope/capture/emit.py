@@ -2,8 +2,9 @@
 
 What it does: ``RunEmitter`` is the half of ``statescope.capture.run.RunCapture`` that runs after
 a step's fence is done (flusher thread or explicit flush), on host values only: per-request step
-facts (with the accepted counts read back — sampled and used — and the first live row of the conv
-window), one digest row per (request, layer, kind, digested column) with per-token-row checksums for conv windows, one census row per
+facts (with the accepted counts read back — sampled and used — the first live row of the conv
+window and the column the next step resumes from), one digest row per (request, layer, kind,
+digested column) with the checksum and word hash — per token row too for conv windows — one census row per
 copy — decoded by ``statescope.capture.census_decode`` and classified per launch by ``statescope.capture.census``
 — and content-addressed snapshot tensors. ``StandaloneEmitter`` is the same without a runner, built
 from a run's manifest (``statescope.capture.spool.recover``). On a CPU build the decoded census is cross-checked
@@ -21,6 +22,7 @@ import torch
 from statescope.capture import facts as cf
 from statescope.capture import census
 from statescope.capture import census_decode as cd
+from statescope.capture import resume
 from statescope.capture.digest import unpack
 from statescope.capture.digest_graph import unflatten
 from statescope.errors import InputError
@@ -62,6 +64,8 @@ class RunEmitter:
         cf.expand(item, self.groups)  # per-request metas and block lists from the compact record
         metas, es = item["metas"], item["engine_step"]
         acc, used = (_rows_of(item.get(k), metas) for k in ("accepted", "used"))
+        offsets = item.get("resume_offsets")  # per selected request (None: no drafts this step)
+        offsets = offsets.tolist() if offsets is not None else [0] * len(metas)
         resets = self._window_resets(item)
         for r, meta in enumerate(metas):
             meta.setdefault("snapshot", False)
@@ -72,6 +76,7 @@ class RunEmitter:
             reset = resets.get(meta["req_id"], False)
             meta["conv_live_offset"] = (0 if reset or meta["accepted"] is None
                                         else max(0, meta["accepted"] - 1))
+            meta["resume_col_offset"] = int(offsets[r])  # the column the next step reads
         self.writer.add_rows("steps", metas)
         if metas:
             self._emit_digests(item, metas, es)
@@ -100,33 +105,59 @@ class RunEmitter:
 
     def _emit_digests(self, item: dict, metas: list, es: int) -> None:
         """Columnar: one row per (kind, layer, digested column), numpy arrays buffered by the
-        writer and joined into one table per write (not one per step)."""
+        writer and joined into one table per write (not one per step). ``resume`` marks the row
+        whose state the request's next step reads: the running column for the conv window, the
+        column ``resume_col_offset`` after it for the recurrent state. An extra resume column
+        (``statescope.capture.resume``) is kept for the recurrent state only, and only when it
+        is not the running column."""
         import numpy as np
 
-        stats, sums = item["stats"].numpy(), item["checksum"].numpy()  # [2, L, C, S], [2, L, C]
-        _, layers, ncols = sums.shape
-        meta_of, offsets = np.asarray(item["digest_rows"], dtype=np.int64).reshape(-1, 2).T
-        per_kind = layers * ncols
-        common = {
-            "engine_step": np.full(per_kind, es, dtype=np.int64),
-            "req_id": np.tile(np.array([m["req_id"] for m in metas], dtype=object)[meta_of], layers),
-            "req_step": np.tile(np.array([m["req_step"] for m in metas], dtype=np.int64)[meta_of],
-                                layers),
-            "prompt_sha": np.tile(np.array([m["prompt_sha"] for m in metas],
-                                           dtype=object)[meta_of], layers),
-            "column_offset": np.tile(offsets, layers),
-            "layer": np.repeat(np.array([n for n, _ in self.layers], dtype=object), ncols),
-            "layer_index": np.repeat(np.arange(layers, dtype=np.int64), ncols),
-            "block_id": item["digest_blocks"].reshape(-1).astype(np.int64)}
+        stats, exact = item["stats"].numpy(), item["checksum"].numpy()  # [2, L, C, S], [2, L, C, 2]
+        layers, ncols = exact.shape[1], exact.shape[2]
+        digest_rows = np.asarray(item["digest_rows"], dtype=np.int64).reshape(-1, 2)
+        blocks = np.asarray(item["digest_blocks"], dtype=np.int64).reshape(layers, -1)
+        offsets = np.array([m["resume_col_offset"] for m in metas], dtype=np.int64)
+        base = len(digest_rows)
+        if "resume_extra" in item:
+            group_pos = [self.groups.index(g) for _, g in self.layers]
+            rows_e, blocks_e = resume.resolve(offsets, np.asarray(item["resume_extra"], np.int64),
+                                              metas, group_pos)
+            digest_rows = np.concatenate([digest_rows, rows_e])
+            blocks = np.concatenate([blocks, blocks_e], 1)
+        meta_of, col_off = digest_rows.T
+        is_resume_col = col_off == offsets[meta_of]
+        is_extra = np.arange(ncols) >= base
+        names = np.array([n for n, _ in self.layers], dtype=object)
+        req_ids = np.array([m["req_id"] for m in metas], dtype=object)
+        req_steps = np.array([m["req_step"] for m in metas], dtype=np.int64)
+        shas = np.array([m["prompt_sha"] for m in metas], dtype=object)
         for k, kind in enumerate(KINDS):
-            cols = dict(common, kind=np.full(per_kind, kind, dtype=object),
-                        checksum=sums[k].reshape(-1).astype(np.int64))
+            if kind == "conv":  # the window lives in the running column (its live rows move)
+                keep, flag = ~is_extra, col_off == 0
+            else:  # an extra column equal to the running one duplicates it
+                keep, flag = ~is_extra | (col_off > 0), is_resume_col
+            sel = np.flatnonzero(keep)
+            n = len(sel) * layers
+            cols = {"engine_step": np.full(n, es, dtype=np.int64),
+                    "req_id": np.tile(req_ids[meta_of[sel]], layers),
+                    "req_step": np.tile(req_steps[meta_of[sel]], layers),
+                    "prompt_sha": np.tile(shas[meta_of[sel]], layers),
+                    "column_offset": np.tile(col_off[sel], layers),
+                    "resume": np.tile(flag[sel], layers),
+                    "layer": np.repeat(names, len(sel)),
+                    "layer_index": np.repeat(np.arange(layers, dtype=np.int64), len(sel)),
+                    "block_id": blocks[:, sel].reshape(-1),
+                    "kind": np.full(n, kind, dtype=object),
+                    "checksum": exact[k][:, sel, 0].reshape(-1).astype(np.int64),
+                    "hash": exact[k][:, sel, 1].reshape(-1).astype(np.int64)}
             for j, name in enumerate(self.digester.names):
-                cols[name] = stats[k, ..., j].reshape(-1).astype(np.float64)
-            if kind == "conv":  # per-token-row digests of the window (see capture_diff)
-                checks, rsums = item["conv_row_checks"].numpy(), item["conv_row_sums"].numpy()
-                cols["row_checksums"] = checks.reshape(per_kind, -1).astype(np.int64)
-                cols["row_sums"] = rsums.reshape(per_kind, -1).astype(np.float64)
+                cols[name] = stats[k][:, sel, j].reshape(-1).astype(np.float64)
+            if kind == "conv":  # per-token-row digests of the window (see digest_diff)
+                rows_exact = item["conv_row_checks"].numpy()[:, sel]  # [L, C, rows, 2]
+                rsums = item["conv_row_sums"].numpy()[:, sel]
+                cols["row_checksums"] = rows_exact[..., 0].reshape(n, -1).astype(np.int64)
+                cols["row_hashes"] = rows_exact[..., 1].reshape(n, -1).astype(np.int64)
+                cols["row_sums"] = rsums.reshape(n, -1).astype(np.float64)
             self.writer.add_columns("digests", cols)
 
     def _census_rows(self, launch: Any, item: dict, es: int) -> list[dict]:

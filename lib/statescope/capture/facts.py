@@ -5,7 +5,8 @@ vLLM's input batch (``MultiGroupBlockTable``'s host arrays: one fancy index per 
 requests' own block-id lists where the batch's table is not a plain copy of them (kernel-split
 blocks) or disagreed once (``TableSource`` checks the first steps of every run and falls back for
 good, saying so). ``digest_columns`` picks, vectorized, each selected request's running column and,
-optionally, the columns after it holding its drafts' candidate states. ``expand`` turns the compact
+optionally, the columns after it holding its drafts' candidate states (``column_candidates``).
+``expand`` turns the compact
 record back into the per-request ``metas`` and the ``block_ids`` map that the emitter and the
 census decode read — in the flusher or at idle, not in the step.
 
@@ -117,18 +118,26 @@ def digest_columns(tables: list, pos: np.ndarray, cols: np.ndarray, num_drafts: 
         digest_rows[:, 0] = np.arange(reqs)
         return running, digest_rows, running, np.arange(reqs)
     offs = np.arange(depth + 1)
-    at = cols[:, None] + offs[None, :]  # [R, D+1]
+    cand = column_candidates(tables, pos, cols, depth)
+    keep = np.ones((reqs, depth + 1), dtype=bool)
+    if depth:
+        keep[:, 1:] = (offs[None, 1:] <= num_drafts[:, None]) & (cand[:, 1:, :] != 0).all(axis=2)
+    running_pos = (np.cumsum(keep.ravel()) - 1).reshape(reqs, depth + 1)[:, 0]
+    return cand[keep], np.argwhere(keep), cand[:, 0, :], running_pos
+
+
+def column_candidates(tables: list, pos: np.ndarray, cols: np.ndarray, depth: int) -> np.ndarray:
+    """Block ids ``[R, depth + 1, G]`` of columns ``cols .. cols + depth`` of each selected
+    request's row (table rows ``pos``), per Mamba group; 0 past a row's end (the null block)."""
+    reqs, ngroups = len(pos), len(tables)
+    at = cols[:, None] + np.arange(depth + 1)[None, :]  # [R, D+1]
     cand = np.zeros((reqs, depth + 1, ngroups), dtype=np.int64)
     for gi, (tab, nb) in enumerate(tables):
         if tab.shape[1] == 0:
             continue
         inside = at < nb[pos][:, None]
         cand[:, :, gi] = np.where(inside, tab[pos[:, None], np.minimum(at, tab.shape[1] - 1)], 0)
-    keep = np.ones((reqs, depth + 1), dtype=bool)
-    if depth:
-        keep[:, 1:] = (offs[None, 1:] <= num_drafts[:, None]) & (cand[:, 1:, :] != 0).all(axis=2)
-    running_pos = (np.cumsum(keep.ravel()) - 1).reshape(reqs, depth + 1)[:, 0]
-    return cand[keep], np.argwhere(keep), cand[:, 0, :], running_pos
+    return cand
 
 
 def expand(item: dict, groups: Sequence[int]) -> None:

@@ -17,6 +17,13 @@ writes finished steps, so the step itself never synchronizes. ``flush()``/``clos
 the process's own, installed when the first run starts) and process exit wait for the device
 once and write everything. The run manifest records this under ``perturbation``.
 
+How a run ended goes into its manifest at close (``ended``, ``statescope.capture.store`` reads it
+back with ``CaptureRun.ending()``): who closed it, the engine steps captured, hook errors, and —
+when the workload driver said what it planned (``note_workload``) and how it went (``close(...,
+outcome=...)``: requests finished, the engine's error) — whether it ran to its end. A run whose
+engine raised, that finished fewer requests than planned, or that was closed (SIGTERM, exit)
+before its driver reported an outcome is ``status: incomplete``.
+
 In the process that runs vLLM's scheduler (the engine core, or this process for the in-process
 engine) the same recorder also logs every prefix-cache lookup with its per-group hit lengths
 (``statescope.capture.prefix_log``), written under ``<output_dir>/scheduler/``.
@@ -34,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from statescope.capture.ending import run_ending
 from statescope.capture.spool import IDLE_S
 from statescope.capture.spec import ENV_CAPTURE, CaptureSpec
 from statescope.errors import InputError
@@ -91,6 +99,7 @@ class Recorder:
         self._lock = threading.RLock()  # re-entered by the SIGTERM handler on the main thread
         self.hits: Any = None  # PrefixHitLog, made at the first scheduler lookup
         self._flusher_error: BaseException | None = None
+        self.workload: dict | None = None  # what the driver planned (``note_workload``)
 
     # ---- runs ----------------------------------------------------------------------------------
 
@@ -121,6 +130,8 @@ class Recorder:
             "perturbation": dict(PERTURBATION, mode=self.spec.mode,
                                  enforce_eager=bool(vc.model_config.enforce_eager)),
         }
+        if self.workload is not None:
+            manifest["workload"] = dict(self.workload)
         run = RunCapture(self.spec, runner, run_dir, manifest)
         run.wake = self._wake
         self._start_flusher()
@@ -140,10 +151,22 @@ class Recorder:
             self.runs[id(runner)] = run
             return run
 
-    def _close_run(self, key: int, status: str = "complete") -> None:
+    def _close_run(self, key: int, status: str = "complete", closed_by: str = "close",
+                   outcome: dict | None = None) -> None:
         run = self.runs.pop(key)
+        ended = run_ending(self.workload, outcome, closed_by, run.engine_step, len(self.errors))
+        run.writer.note(ended=ended)
+        if not ended["complete"]:
+            status = "incomplete"
         run.close("complete_with_errors" if self.errors and status == "complete" else status)
         self.closed.append(run.writer.run_dir)
+
+    def note_workload(self, **planned: Any) -> None:
+        """What the driving workload plans (e.g. ``requests_planned``, ``max_tokens``, ``what``):
+        kept in the manifest of every open and later run as ``workload``."""
+        self.workload = dict(planned)
+        for run in self.runs.values():
+            run.writer.note(workload=dict(planned))
 
     # ---- the hooks' sink -----------------------------------------------------------------------
 
@@ -287,7 +310,9 @@ class Recorder:
             run.drain(force=True)
         return [r.writer.run_dir for r in self.runs.values()]
 
-    def close(self, closed_by: str = "close") -> list[Path]:
+    def close(self, closed_by: str = "close", outcome: dict | None = None) -> list[Path]:
+        """Write and close every run; ``outcome``: how the workload went (``requests_finished``,
+        ``engine_error``), which decides whether a run is complete."""
         from statescope.capture.signals import sigterm_deferred
 
         self._stop.set()
@@ -297,7 +322,7 @@ class Recorder:
                 self.hits.write()
             for key in list(self.runs):
                 self.runs[key].writer.note(closed_by=closed_by)
-                self._close_run(key)
+                self._close_run(key, closed_by=closed_by, outcome=outcome)
         self._raise_flusher_error()  # after the runs are written and closed
         return list(self.closed)
 
@@ -362,10 +387,17 @@ def flush() -> list[Path]:
     return rec.flush() if rec is not None else []
 
 
-def close() -> list[Path]:
+def close(outcome: dict | None = None) -> list[Path]:
     """Finish every run of this process (later steps start new runs); returns all run dirs."""
     rec = _recorder[0]
-    return rec.close() if rec is not None else []
+    return rec.close(outcome=outcome) if rec is not None else []
+
+
+def note_workload(**planned: Any) -> None:
+    """Tell the active recorder what the workload plans (see ``Recorder.note_workload``)."""
+    rec = _recorder[0]
+    if rec is not None:
+        rec.note_workload(**planned)
 
 
 def _close_on_sigterm() -> None:
@@ -380,13 +412,14 @@ def _chain_sigterm() -> None:
     chain_sigterm(_close_on_sigterm)
 
 
-def uninstall() -> list[Path]:
-    """Close the runs and remove every hook; returns the run dirs written."""
+def uninstall(outcome: dict | None = None) -> list[Path]:
+    """Close the runs (``outcome``: how the workload went) and remove every hook; returns the
+    run dirs written."""
     from statescope.capture.hooks import uninstall_hooks
 
     from statescope.capture.signals import unchain_sigterm
 
-    dirs = close()
+    dirs = close(outcome)
     uninstall_hooks()
     unchain_sigterm()
     _recorder[0] = None

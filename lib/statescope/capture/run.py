@@ -11,8 +11,10 @@ compact record of numpy arrays; the per-request rows are made at emit), digests 
 (``statescope.capture.digest``), takes the snapshots the spec asks for, starts the device->host copies
 (whole per-row count tensors: the selected rows are picked at emit) and records a ``Fence``.
 Nothing in the step reads a device value on the host. Digested per (layer, request): the running
-column and, with ``draft_columns``, the columns after it that hold the candidate states of the step's drafts —
-all in one call per state kind over all layers and columns. On a CPU build the digest runs in
+column; for a request with drafts the column the next step resumes from (``statescope.capture.resume``:
+picked on the device from the accepted counts, an extra column dropped at emit when it is the
+running one); and, with ``draft_columns``, every column after the running one that holds a
+candidate state of the step's drafts — all in one call per state kind over all layers and columns. On a CPU build the digest runs in
 the step, straight from the blocks (``Digester.digest_in_place``, one pass, no gather; the torch
 gather + reductions into kept buffers where the C kernel is unavailable); handing the blocks to
 the flusher thread instead needs a copy per step and measured no faster on the shared two-core
@@ -42,15 +44,21 @@ import torch
 
 from statescope.capture import facts as cf
 from statescope.capture import census_decode as cd
+from statescope.capture import resume
 from statescope.capture.adapters import mamba_groups
 from statescope.capture.emit import KINDS, RunEmitter
 from statescope.capture.spool import IDLE_S, Spool
 from statescope.capture.store import CaptureWriter
-from statescope.capture.digest import (Digester, Fence, gather_snapshot, host_to_device,
-                               native_kernel, pack, to_host_async)
-from statescope.capture.digest_graph import ENV_GRAPH, StepDigest
+from statescope.capture.digest import (Digester, Fence, gather_snapshot, host_to_device, pack,
+                                       to_host_async)
+from statescope.capture.digest_graph import ENV_GRAPH
+from statescope.capture.digest_graph import digest_kinds  # noqa: F401 (its old home; tests, benchmarks)
+from statescope.capture.digest_graph import digest_kernel_name as _digest_kernel_name
+from statescope.capture.digest_graph import engine_step_digest as _engine_step_digest
+from statescope.capture import word_hash
 
-PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat")
+PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat",
+          "resume_offsets")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 STEP_DIGEST_ON_CPU = False  # tests: the CUDA path's padded one-buffer digest (eagerly) on CPU
 USED_IN_LAUNCH = "in launch"  # ``_Step.used``: the post-process launch's staged column 0
@@ -117,7 +125,13 @@ class RunCapture(RunEmitter):
                                       if self.step_digest else "off"),
                         # 2: projections are bilinear forms u @ X @ v (1: dense vectors); runs
                         # of different versions or kernels agree on checksums, not on floats
-                        digest_version=2)
+                        digest_version=2,
+                        # exact numbers per block (and per conv token row); older runs: checksum
+                        digest_exact=["checksum", "hash"],
+                        digest_hash=word_hash.DEFINITION,
+                        # which column of a request's block row the digests cover
+                        digest_columns=("running+drafts" if spec.draft_columns
+                                        else "running+resume"))
         self.defer = spec.emit == "idle" or (spec.emit == "auto" and self.device_path)
         manifest.update(emit="idle" if self.defer else "background")
         self.writer = CaptureWriter(run_dir, manifest, spec.max_bytes)
@@ -256,7 +270,17 @@ class RunCapture(RunEmitter):
                 i["steps"] += 1
             blocks = columns[:, self.layer_group_pos].T  # [L, C]
             out["digest_rows"], out["digest_blocks"] = digest_rows, blocks
-            self._digest_into(out, runner, blocks)
+            # the column each request's next step resumes from (statescope.capture.resume)
+            ends = np.fromiter((f["num_computed_tokens"] + f["num_scheduled_tokens"] for f in sched),
+                               dtype=np.int64, count=len(sched))
+            off, extra_req, extra = resume.plan(
+                step.accepted, step.launches, per_req, ends, tables, pos, cols,
+                self.layer_group_pos, self.block_size, bool(self.spec.draft_columns), self.device)
+            if off is not None:
+                out["resume_offsets"] = off
+            if extra_req is not None:
+                out["resume_extra"] = extra_req
+            self._digest_into(out, runner, blocks, extra)
             # whole per-row counts: which rows are the selected requests' is read at emit
             for key, counts in (("accepted", step.accepted), ("used", step.used)):
                 if isinstance(counts, torch.Tensor):
@@ -289,12 +313,14 @@ class RunCapture(RunEmitter):
                 cols[r] = min(int(nblocks[r]) - 1, max(0, -(-end // self.block_size) - 1))
         return cols
 
-    def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray) -> None:
-        """Both kinds' digests of the ``[L, C]`` host block table into ``item``: on CUDA one flat
-        buffer (``statescope.capture.digest_graph``: a graph replay, or eager where graphs are off or
-        failed; unpacked at emit), else ``digest_kinds`` as launched here."""
+    def _digest_into(self, item: dict, runner: Any, blocks: np.ndarray,
+                     extra: torch.Tensor | None = None) -> None:
+        """Both kinds' digests of the ``[L, C]`` host block table, then the ``[L, E]`` device
+        columns ``extra``, into ``item``: on CUDA one flat buffer (``statescope.capture.digest_graph``:
+        a graph replay, or eager where graphs are off or failed; unpacked at emit), else
+        ``digest_kinds`` as launched here."""
         if self.step_digest is not None:
-            res = self.step_digest.run(blocks, self.want_graph)
+            res = self.step_digest.run(blocks, self.want_graph, extra)
             status = self.step_digest.status(self.want_graph)
             if status != self.writer.manifest.get("digest_graph"):
                 self.writer.note(digest_graph=status)
@@ -302,6 +328,8 @@ class RunCapture(RunEmitter):
                 item["digest_flat"], item["digest_layout"] = res[0], (res[1], res[2])
                 return
         idx = host_to_device(torch.from_numpy(np.ascontiguousarray(blocks)), self.device)
+        if extra is not None:
+            idx = torch.cat([idx, extra.to(idx.dtype)], 1)
         stats, checks, item["conv_row_checks"], item["conv_row_sums"] = digest_kinds(
             self.digester, self.geoms[0], self._states(runner), idx, reuse=not self.device_path)
         item["stats"], item["checksum"] = stats, checks
@@ -402,63 +430,3 @@ class RunCapture(RunEmitter):
         if self.spool is not None:  # every spooled step is in the tables now
             self.spool.close()
             self.spool.path.unlink(missing_ok=True)
-
-
-def digest_kinds(d: Digester, geom: Any, states: list, idx: torch.Tensor, reuse: bool) -> tuple:
-    """(stats ``[2, L, C, S]``, checksums ``[2, L, C]``, conv token-row checksums and sums) for
-    block table ``idx`` (on the states' device), straight from the blocks where a kernel applies:
-    on a CUDA GPU one Triton launch per kind (``Digester.digest_device``, conv token rows
-    included; host launch overhead is the cost there), on CPU the C kernel
-    (``Digester.digest_in_place``: one pass, no gather). Where neither applies (no Triton or
-    compiler, another dtype or layout), gather and reduce with torch ops — on CPU into kept
-    buffers (``reuse``: no per-step allocation), the recurrent state chunk by chunk. ``geom`` is
-    the first conv state's geometry. The step calls it, and the engine's ``StepDigest`` body."""
-    conv_states, ssm_states = [s[0] for s in states], [s[1] for s in states]
-    conv = d.digest_device(conv_states, idx, with_rows=True,
-                           token_axis=1 if geom.dim_rows else 0)
-    ssm = d.digest_device(ssm_states, idx) if conv is not None else None
-    if conv is None or ssm is None:
-        conv = d.digest_in_place(conv_states, idx, with_rows=not geom.dim_rows)
-        ssm = d.digest_in_place(ssm_states, idx) if conv is not None else None
-    if conv is None or ssm is None:
-        chunks = d.gather(conv_states, idx, reuse=reuse)
-        conv = d.reduce(chunks) + d.token_rows(chunks, geom.shape, 1 if geom.dim_rows else 0)
-        ssm = d.digest(ssm_states, idx, reuse=reuse)
-    elif conv[2] is None:  # DS layout: the token rows are columns of the block
-        conv = conv[:2] + d.token_rows(d.gather(conv_states, idx), geom.shape, 1)
-    if idx.device.type == "cpu":  # host tensors: numpy stacks without torch's dispatch
-        stats = torch.from_numpy(np.stack([conv[0].numpy(), ssm[0].numpy()]))
-        checks = torch.from_numpy(np.stack([conv[1].numpy(), ssm[1].numpy()]))
-    else:
-        stats, checks = torch.stack([conv[0], ssm[0]]), torch.stack([conv[1], ssm[1]])
-    return stats, checks, conv[2], conv[3]
-
-
-def _engine_step_digest(runner: Any, layers: list, geom: Any, spec: Any, device: torch.device,
-                        device_path: bool) -> StepDigest:
-    """The engine's ``StepDigest`` for this digest configuration, kept on the model runner so its
-    CUDA graphs are built once per engine (not per capture run). Its body owns its ``Digester``
-    (the graphs read its weights) and reads the runner's state tensors through a weak reference."""
-    cache = runner.__dict__.setdefault("_statescope_step_digests", {})
-    key = (spec.projections, spec.digest_seed, tuple(n for n, _ in layers), str(device))
-    sd = cache.get(key)
-    if sd is None:
-        ref, names = weakref.ref(runner), [n for n, _ in layers]
-        digester = Digester(spec.projections, spec.digest_seed)
-
-        def body(idx: torch.Tensor) -> tuple:
-            ctx = ref().compilation_config.static_forward_context
-            return digest_kinds(digester, geom, [list(ctx[n].kv_cache[:2]) for n in names], idx,
-                                reuse=not device_path)
-
-        sd = cache[key] = StepDigest(body, device)
-    return sd
-
-
-def _digest_kernel_name(device: torch.device) -> str:
-    """Which digest path this run uses (manifests of different kernels agree on checksums only)."""
-    from statescope.capture.digest import triton_kernel
-
-    if device.type == "cpu":
-        return "c_in_place" if native_kernel() is not None else "torch"
-    return "triton" if device.type == "cuda" and triton_kernel() is not None else "torch"

@@ -2,9 +2,10 @@
 
 What it does: ``record(engine, spec, prompts)`` resets the prefix cache, installs capture with
 ``spec`` (a dict or ``CaptureSpec``), generates greedily, removes capture and returns the
-``CaptureRun`` with the generated records. ``boundary_prompts(block_size, n)`` makes distinct
-token-id prompts that end just before a Mamba block boundary, so that decoding with MTP crosses
-it at different offsets — the workload that exercises every align-mode copy path, in-place
+``CaptureRun`` with the generated records; the run's manifest records the plan (requests,
+``max_tokens``) and how it went (an engine error closes it ``incomplete``).
+``boundary_prompts(block_size, n)`` makes distinct token-id prompts that end just before a Mamba
+block boundary, so that decoding with MTP crosses it at different offsets — the workload that exercises every align-mode copy path, in-place
 shifts included. Token ids, not text, because a trained tokenizer merges characters.
 
 ``perturbation_report(run)`` says what capturing did to a run (mode, forced synchronization or
@@ -63,10 +64,17 @@ def record(engine: Any, spec: Any, prompts: Sequence[Any], *, max_tokens: int = 
     if reset_prefix_cache:
         engine.reset_prefix_cache()
     capture.install(spec)
+    capture.note_workload(what="record(): one generate call", requests_planned=len(prompts),
+                          max_tokens=max_tokens)
+    outcome = None  # an exception leaves it unset: the run is closed as incomplete
     try:
         records = engine.generate(list(prompts), max_tokens=max_tokens, ignore_eos=ignore_eos)
+        outcome = {"requests_finished": len(records)}
+    except BaseException as exc:
+        outcome = {"engine_error": f"{type(exc).__name__}: {exc}"[:500]}
+        raise
     finally:
-        dirs = capture.uninstall()
+        dirs = capture.uninstall(outcome)
     return CaptureRun(dirs[-1]), records
 
 

@@ -20,7 +20,8 @@ Spec fields (all optional except ``output_dir``)::
 ``draft_columns``: also digest the speculative columns after the running one (the candidate
 states after each scheduled draft token), as digest rows with ``column_offset`` 1..drafts. Off
 by default: with MTP(2) it triples the state bytes digested per step (docs/benchmarks.md has the
-measured cost).
+measured cost). Without it the capture still digests, per request with drafts, the one column
+its next step resumes from (``statescope.capture.resume``; digest column ``resume``).
 
 ``accelerator_path``: on a CPU engine, take the accelerator's launch path anyway (reductions in the
 step, one packed host copy, the post-process's staged launch decisions) — what a GPU run executes,

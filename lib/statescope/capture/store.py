@@ -13,7 +13,9 @@ Columns a reader may rely on (other tools read these names; keep them):
   schedule time), ``num_scheduled_tokens``, ``num_drafts`` (draft tokens scheduled),
   ``running_col``, ``running_blocks`` / ``mamba_block_ids`` (per Mamba group), ``block_size``,
   ``is_new``, ``prefix_hit_tokens`` (runner side: computed tokens of a newly scheduled request),
-  ``conv_live_offset``, and the accepted counts:
+  ``conv_live_offset`` (first live conv row for the next read), ``resume_col_offset`` (the
+  column after the running one whose recurrent state the next step reads), and the accepted
+  counts:
 
   - ``num_accepted_sampled``: what the rejection sampler produced for the request in this step
     (tokens of the row that are not -1: accepted drafts + 1); ``accepted`` is the same value
@@ -25,8 +27,14 @@ Columns a reader may rely on (other tools read these names; keep them):
     count reached the state update through a stale or permuted buffer (the async-scheduling
     hypothesis).
 - ``digests`` (one row per request, layer, state kind and digested column): ``column_offset``
-  (0 = the running column; 1..drafts = the draft columns, spec ``draft_columns``), ``block_id``,
-  ``checksum`` and the float statistics named in the manifest's ``digest_stats``.
+  (0 = the running column; 1..drafts = the columns after it: the draft columns, spec
+  ``draft_columns``, or the resume column), ``resume`` (the row holds the state the request's next
+  step reads; ``resume_col_offset`` in ``steps``), ``block_id``, ``checksum`` and ``hash`` (exact:
+  ``statescope.capture.word_hash``; older runs lack ``hash``), the float statistics named in the
+  manifest's ``digest_stats``, and for conv windows ``row_checksums`` / ``row_hashes`` /
+  ``row_sums`` per token row.
+- the manifest's ``ended``: how the run ended (``statescope.capture.ending``;
+  ``CaptureRun.ending()``).
 - prefix-cache lookups of the scheduler: ``CaptureRun.prefix_hits()``
   (``statescope.capture.prefix_log``, stored next to the runs under ``scheduler/``).
 
@@ -292,6 +300,12 @@ class CaptureRun:
                              f"step {req_step}")
         row = hit.iloc[0]
         return self.tensor(row.sha256, row.shard)
+
+    def ending(self) -> dict:
+        """How the run ended: ``complete`` and why (``statescope.capture.ending.ending``)."""
+        from statescope.capture.ending import ending
+
+        return ending(self.manifest)
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())

@@ -3,8 +3,17 @@
 What it does: ``add_capture_subcommands(subparsers)`` adds both subcommands to the main parser
 (``statescope.cli.main``). ``capture_command`` runs a small shared-prefix multi-step workload on an
 in-process engine with a capture spec (``--spec FILE``, or one built from the flags), and prints
-where the run was stored, its size and its perturbation report
-(``statescope.capture.session.perturbation_report``). ``census_command`` prints the copy census of a run
+where the run was stored, its size, what the run exercised (draft acceptance, in-place conv
+shifts, prefix-cache hits: a run that exercises none of them cannot show their corruptions) and
+its perturbation report (``statescope.capture.session.perturbation_report``). The workload
+(``WORKLOAD_HELP``): ``--episodes`` episodes advance together in ``--steps`` waves; wave k sends
+each episode's step-k prompt (the conversation so far, so it shares the previous wave's prompt
+as a prefix) and generates up to ``--max-tokens`` tokens greedily. ``--workload gui`` (the
+default) renders GUI-agent episodes (``statescope.workload.guilang``) — what ``tiny-gui``, the
+capture's default model, was trained on: its MTP head accepts ~0.76 of drafts, so steps accept
+1, 2 or 3 tokens and conv windows shift in place; ``text`` is the older free-text episode
+workload (``statescope.workload.episodes``). The run's manifest records the plan and how it went
+(``ended``); an engine error leaves an ``incomplete`` run and exit status 1. ``census_command`` prints the copy census of a run
 (counts by kind, by launch and state kind, and the decoded-vs-observed cross-check). Both take
 ``--json``. Exit status: 0 when fine, 1 when the run or its census is not trustworthy (capture
 errors, or a census that disagrees with the copies the CPU kernels reported), 2 for bad input
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +52,74 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
     return CaptureSpec.from_dict(raw, source="command line")
 
 
+WORKLOAD_HELP = (
+    "The workload: EPISODES episodes advance together in STEPS waves; wave k sends each "
+    "episode's step-k prompt (the conversation so far, sharing the previous wave's prompt as a "
+    "prefix: prefix-cache hits once prompts span blocks) and generates up to MAX_TOKENS tokens "
+    "each, greedily. Requests: EPISODES x STEPS. --workload gui (default): GUI-agent episodes, "
+    "what tiny-gui (the default model here) was trained on: its MTP head accepts ~0.76 of "
+    "drafts, so steps accept 1-3 tokens and conv windows shift in place; --workload text: "
+    "free-text episodes (every prompt carries the previous answers).")
+CAPTURE_MODEL = "tiny-gui"  # exercises partial acceptance and in-place shifts (tiny-qwen35 does not)
+
+
+class _Progress:
+    """An engine stand-in that counts the requests each ``generate`` call finished."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.finished, self.waves = engine, 0, 0
+
+    def generate(self, prompts: Any, **kwargs: Any) -> list:
+        out = self.engine.generate(prompts, **kwargs)
+        self.finished += len(out)
+        self.waves += 1
+        return out
+
+
+def _run_workload(engine: Any, args: argparse.Namespace) -> list:
+    if args.workload == "text":
+        from statescope.workload.episodes import run_episodes, shared_prefix_episodes
+
+        return run_episodes(engine, shared_prefix_episodes(args.episodes, args.steps,
+                                                           seed=args.seed),
+                            max_tokens=args.max_tokens)
+    from statescope.workload import guilang
+
+    episodes = [guilang.generate_episode(args.seed * 100_003 + e, n_steps=max(3, args.steps))
+                for e in range(args.episodes)]
+    rows = []
+    for step in range(args.steps):
+        records = engine.generate([guilang.render_prompt(ep, step) for ep in episodes],
+                                  max_tokens=args.max_tokens)
+        rows += [dict(r.to_dict(), episode=e, step=step) for e, r in enumerate(records)]
+    return rows
+
+
+def exercised(run: Any) -> dict:
+    """What a run exercised: decode steps with drafts, how many accepted fewer than all drafts,
+    the acceptance rate, in-place conv shifts (census), requests that hit the prefix cache."""
+    st, cp = run.steps(), run.copies()
+    if st.empty:
+        return {"decode_steps": 0}
+    dec = st[st["num_drafts"] > 0]
+    acc = dec["accepted"].fillna(0)
+    shifts = 0 if cp.empty else int(((cp["kind"] == "left_shift_same_block")
+                                     & (cp["nbytes"] > 0)).sum())
+    hits = int(st.groupby("req_id")["prefix_hit_tokens"].max().fillna(0).gt(0).sum())
+    return {"decode_steps": int(len(dec)),
+            "partial_accept_steps": int((acc < dec["num_drafts"] + 1).sum()),
+            "acceptance": (round(float((acc - 1).sum() / dec["num_drafts"].sum()), 3)
+                           if len(dec) else None),
+            "in_place_shifts": shifts, "prefix_hit_requests": hits}
+
+
 def capture_command(args: argparse.Namespace) -> int:
-    """Run the workload with capture on; print the run directory and its size."""
+    """Run the workload with capture on; print the run directory, its size, what it exercised."""
     from statescope.capture import recorder as capture
     from statescope.patches import cpu_kernels
     from statescope.capture.store import CaptureRun
     from statescope.engine.offline import OfflineEngine
-    from statescope.engine.config import EngineConfig
-    from statescope.workload.episodes import run_episodes, shared_prefix_episodes
-    from statescope.engine.config import model_path
+    from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.modeldir import check_model_dir
     from statescope.verdict.inputs import parse_copy_semantics
 
@@ -61,39 +130,60 @@ def capture_command(args: argparse.Namespace) -> int:
 
     for name in ("episodes", "steps", "max_tokens"):  # before the engine starts
         if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+            raise InputError(f"statescope capture --{name.replace('_', '-')} "
+                             f"{getattr(args, name)}: expected an integer >= 1")
     semantics = parse_copy_semantics(args.copy_semantics)
     overrides = parse_assignments(args.set, "--set", dataclass_fields(EngineConfig))
-    config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
+    config = EngineConfig(model=str(model_path(args.model or CAPTURE_MODEL)), **overrides)
     check_model_dir(config.model)
     if semantics:
         cpu_kernels.set_copy_semantics(*semantics)
+    error = None
     with OfflineEngine(config) as engine:
         capture.install(spec)
+        capture.note_workload(what=f"statescope capture --workload {args.workload}",
+                              episodes=args.episodes, waves_planned=args.steps,
+                              requests_planned=args.episodes * args.steps,
+                              max_tokens=args.max_tokens)
+        progress, rows, outcome = _Progress(engine), [], None
         try:
-            rows = run_episodes(engine, shared_prefix_episodes(args.episodes, args.steps,
-                                                               seed=args.seed),
-                                max_tokens=args.max_tokens)
+            rows = _run_workload(progress, args)
+        except Exception as exc:  # the run is kept, closed as incomplete; exit 1 below
+            error = f"{type(exc).__name__}: {exc}"[:500]
         finally:
-            dirs = capture.uninstall()
+            outcome = {"requests_finished": progress.finished, "waves_completed": progress.waves}
+            if error:
+                outcome["engine_error"] = error
+            dirs = capture.uninstall(outcome)
     from statescope.capture.session import perturbation_report
 
     runs = [CaptureRun(d) for d in dirs]
     out = {"runs": [{"path": str(r.path), "bytes": r.size_bytes(), "status": r.manifest["status"],
                      "mode": r.manifest["mode"], "steps": len(r.steps()),
+                     "ended": r.ending(), "exercised": exercised(r),
                      "truncated": r.manifest.get("truncated"),
                      "errors": r.manifest.get("error_count", 0),
                      "perturbation": perturbation_report(r)} for r in runs],
-           "requests": len(rows)}
+           "requests": len(rows), "engine_error": error}
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2, default=str))
     else:
         for r in out["runs"]:
-            p = r["perturbation"]
+            p, ex = r["perturbation"], r["exercised"]
             print(f"{r['path']}  {r['bytes'] / 2**20:.1f} MiB  mode={r['mode']} "
                   f"steps={r['steps']} status={r['status']}  forced_sync={p['forced_sync']} "
                   f"forced_eager={p['forced_eager']} measured_overhead={p['measured_overhead']}")
-    return 0 if runs and all(r["errors"] == 0 for r in out["runs"]) else 1
+            print(f"  exercised: {ex}")
+            if not r["ended"]["complete"]:
+                print(f"  INCOMPLETE: {r['ended']['why']}")
+            if ex.get("decode_steps") and not (ex["partial_accept_steps"] or ex["in_place_shifts"]):
+                print("  note: every draft was accepted and no conv window shifted in place: this "
+                      "run cannot show corruptions on those paths (try --model tiny-gui)")
+    if error:
+        print(f"statescope capture: the engine raised ({error}); the run is kept, marked "
+              "incomplete", file=sys.stderr)
+    return 0 if runs and not error and all(r["errors"] == 0 and r["ended"]["complete"]
+                                            for r in out["runs"]) else 1
 
 
 def census_command(args: argparse.Namespace) -> int:
@@ -122,21 +212,30 @@ def recover_command(args: argparse.Namespace) -> int:
 
 
 def add_capture_subcommands(subparsers: Any) -> None:
-    c = subparsers.add_parser("capture", help="run a small workload with state capture on")
+    c = subparsers.add_parser("capture", help="run a small workload with state capture on",
+                              description="Run a small multi-step workload on an in-process "
+                                          "engine with GDN state capture on. " + WORKLOAD_HELP)
     c.add_argument("--spec", help="capture spec JSON (overrides the flags below)")
     c.add_argument("--out", default="captures", help="output directory (default: captures)")
     c.add_argument("--mode", choices=("digest", "full"), default="digest")
     c.add_argument("--first-steps", type=int, default=2, help="full mode: snapshot steps 0..K-1")
     c.add_argument("--sample", type=float, default=None, help="fraction of requests to record")
     c.add_argument("--max-bytes", type=int, default=None)
-    c.add_argument("--model", default=None, help="model directory or name under data/models")
+    c.add_argument("--model", default=None,
+                   help=f"model directory or name under data/models (default: {CAPTURE_MODEL}, "
+                        "which accepts drafts partly; tiny-qwen35 accepts every draft)")
     c.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override an EngineConfig field (e.g. async_scheduling=false for a "
                         "reference run of the same prompts; repeatable)")
-    c.add_argument("--episodes", type=int, default=4)
-    c.add_argument("--steps", type=int, default=3)
-    c.add_argument("--max-tokens", type=int, default=16)
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--workload", choices=("gui", "text"), default="gui",
+                   help="gui: GUI-agent episodes (default); text: free-text episodes")
+    c.add_argument("--episodes", type=int, default=4,
+                   help="episodes advanced together (one request each per wave; default 4)")
+    c.add_argument("--steps", type=int, default=3,
+                   help="waves: steps per episode, each prompt extending the previous (default 3)")
+    c.add_argument("--max-tokens", type=int, default=16,
+                   help="tokens generated per request, greedily (default 16)")
+    c.add_argument("--seed", type=int, default=0, help="episode seed")
     c.add_argument("--copy-semantics", default=None,
                    help="CPU kernels' copy semantics, e.g. barrierless_tiles:8192 (planted fault)")
     c.add_argument("--json", action="store_true")

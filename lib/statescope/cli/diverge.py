@@ -3,8 +3,12 @@ run's state first departs, in a terminal.
 
 What it does: parses the arguments, calls the library (``statescope.diverge.report``,
 ``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
-machines). ``statescope localize`` runs ``statescope.diverge.localize`` on a trigger's digest
-capture, its records and a control's, and prints (or writes) where its states first depart.
+machines; ``statescope.diverge.text`` for people). Exit status, as every statescope report: 0 when
+no request diverges (``continuity``: no conv shift breaks), 1 when some do, 2 for bad input — a
+path that is not a capture run, or an incomplete capture (the engine raised, fewer requests
+finished than planned) unless ``--allow-incomplete``, which compares what it has and warns. ``statescope localize`` runs
+``statescope.diverge.localize`` on a trigger's digest capture, its records and a control's, and
+prints (or writes) where its states first depart.
 
 What it deliberately does not do: compare anything itself; every rule lives in ``statescope.diverge``.
 """
@@ -28,34 +32,41 @@ def _position_report(args: argparse.Namespace) -> DivergenceReport:
     from statescope.diverge.noise import calibrate, compare_states
     from statescope.diverge.replay import CapturedStates
 
+    from statescope.diverge.report import check_completeness
+
     run, ref = CapturedStates(_open(args.run, "run")), CapturedStates(_open(args.reference, "reference"))
     # no clean runs given: compare the reference with itself, so only the floor sets tolerance
     clean = [CapturedStates(_open(n, "noise run")) for n in args.noise] or [ref]
     tol = calibrate([compare_states(c, ref) for c in clean],
                     [f"{c.run.path.name} vs {ref.run.path.name}" for c in clean])
-    return position_report(run, ref, tol)
+    report = position_report(run, ref, tol)
+    check_completeness(report, {"run": run.run, "reference": ref.run}, args.allow_incomplete)
+    return report
 
 
 def diverge_command(args: argparse.Namespace) -> int:
+    import sys
+
+    from statescope.diverge.conv_continuity import run_continuity
     from statescope.diverge.hypotheses import hypothesis_table, run_context
+    from statescope.diverge.text import hypotheses_text
 
     report = (_position_report(args) if args.by_position
-              else divergence_report(args.run, args.reference, rtol=args.rtol))
-    from statescope.diverge.conv_continuity import run_continuity
-
+              else divergence_report(args.run, args.reference, rtol=args.rtol,
+                                     columns=args.columns,
+                                     allow_incomplete=args.allow_incomplete))
     run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
     table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
                              continuity=run_continuity(run))
+    for w in report.warnings:  # loud on stderr as well, whatever the output format
+        print(f"statescope diverge: WARNING: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(dict(report.to_dict(), hypotheses=table.to_dict()), indent=2, default=str))
     else:
-        print(f"{len(report.diverged)} of {len(report.requests)} requests diverge "
-              f"({report.run} vs {report.reference}; magnitude in {report.unit})")
-        if report.requests:
-            print(report.table().to_string(index=False))
-        print(table.frame()[["rank", "hypothesis", "label", "supports", "contradicts",
-                             "not_exercised", "why"]].to_string(index=False))
-    return 0
+        print(report.text(all_requests=args.all))
+        print()
+        print(hypotheses_text(table))
+    return 1 if report.diverged else 0
 
 
 def add_diverge_subcommand(subparsers: Any) -> None:
@@ -63,6 +74,17 @@ def add_diverge_subcommand(subparsers: Any) -> None:
     p.add_argument("run", help="capture run directory")
     p.add_argument("--reference", required=True, help="capture run of the same prompts to compare to")
     p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance of statistics")
+    p.add_argument("--columns", default="auto", choices=("auto", "all", "resume", "running"),
+                   help="block columns to compare: the column each step's successor resumes from "
+                        "(resume), every captured column (all: needs draft-column captures), the "
+                        "running column (running: older captures); auto = all, else resume, else "
+                        "running, whichever both runs support (the report says which)")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="compare an incomplete capture (engine error, fewer requests finished "
+                        "than planned) anyway, with a warning; without it such a run is refused "
+                        "(exit 2)")
+    p.add_argument("--all", action="store_true",
+                   help="text form: list every request, not only those that diverge")
     p.add_argument("--by-position", action="store_true",
                    help="compare full-mode captures by (request, token position) in tolerance units")
     p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
@@ -73,6 +95,7 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "permute_accepted): its mechanism is labelled EMULATED")
     p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
     p.set_defaults(func=diverge_command)
+    p.epilog = "exit status: 0 no request diverges, 1 some do, 2 bad input or an incomplete run"
 
 
 def continuity_command(args: Any) -> int:
@@ -87,11 +110,22 @@ def continuity_command(args: Any) -> int:
                           "breaks": breaks.to_dict(orient="records")}, indent=2, default=str))
     else:
         print(f"{summary['break_transitions']} of {summary['transitions_checked']} decode transitions "
-              f"({summary['requests_with_break']} of {summary['requests_checked']} requests): the conv "
-              "update applied a shift other than the accepted count")
+              f"({summary['requests_with_break']} of {summary['requests_checked']} requests) break "
+              "the conv window's continuity")
+        meaning = {"wrong shift": "every GDN layer's window moved by another shift than the "
+                                  "accepted count: a wrong count reached the update",
+                   "value change (no shift fits)": "the carried rows match no shift of the "
+                                                   "previous window: their values changed, not "
+                                                   "the shift",
+                   "some layers only": "only some GDN layers break: a layer-local change, not a "
+                                       "wrong count (one per request, all layers)",
+                   "in-place shift broken": "the rows an in-place shift duplicates or carries "
+                                            "disagree"}
+        for kind, n in summary["break_kinds"].items():
+            print(f"  {n} {kind}: {meaning.get(kind, kind)}")
         if len(breaks):
             cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts",
-                    "moved", "prefill_rows_in_batch"]
+                    "break_kind", "moved", "prefill_rows_in_batch"]
             print(breaks[[c for c in cols if c in breaks]].head(args.limit).to_string(index=False))
     return 1 if summary["break_transitions"] else 0
 

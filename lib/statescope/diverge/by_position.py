@@ -5,8 +5,9 @@ What it does: ``position_report(run, reference, tolerance)`` compares a full-mod
 ``replay.OracleStates`` or another ``CapturedStates``) at the same (request, token position) with
 ``noise.compare_states``, scales every difference by the calibrated ``noise.Tolerance`` and, per
 request, reports the first request step (in position order) where any GDN layer's conv window or
-recurrent state leaves tolerance: its token position, layers, state kinds, the conv rows (row 0 =
-the live window's leading/oldest row) and recurrent heads beyond tolerance, the magnitude in
+recurrent state leaves tolerance: its token position, the layers there in model order (the first
+is the ``origin_layer``; ``per_layer`` has each), and for the origin layer the state kinds, the
+conv rows (row 0 = the live window's leading/oldest row) and recurrent heads beyond tolerance, the magnitude in
 tolerance units (and absolute), NaN/Inf, the recurrent state's lag in steps, and the events of that
 step and the one before (``diverge.step_events``). The result is a ``diverge.DivergenceReport``
 (``unit="tolerance units"``), so ``hypotheses.hypothesis_table`` and the views take it unchanged.
@@ -22,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from statescope.diverge.digest_diff import sorted_layers
 from statescope.diverge.report import EVENT_WINDOW, DivergenceReport, step_events
 from statescope.diverge.noise import Tolerance, compare_states, in_units
 from statescope.diverge.replay import CapturedStates
@@ -31,7 +33,8 @@ def _first(g: pd.DataFrame, run: CapturedStates) -> dict[str, Any]:
     rec: dict[str, Any] = {"prompt_sha": g["prompt_sha"].iloc[0], "req_id": g["req_id"].iloc[0],
                            "steps_compared": int(g["req_step"].nunique()), "first_step": None,
                            "position": None, "kinds": [], "layers": [], "conv_rows": [],
-                           "heads": [], "magnitude": 0.0, "magnitude_abs": 0.0,
+                           "heads": [], "origin_layer": None, "per_layer": [], "magnitude": 0.0,
+                           "magnitude_abs": 0.0,
                            "max_units_seen": float(g["units"].max()), "nan_or_inf": False,
                            "ssm_lag": None, "events": {}}
     bad = g[g["out"]]
@@ -39,13 +42,21 @@ def _first(g: pd.DataFrame, run: CapturedStates) -> dict[str, Any]:
         return rec
     first = int(bad["req_step"].min())
     at = bad[bad["req_step"] == first]
-    bad_ssm = bad[bad["kind"] == "ssm"]["req_step"]
-    conv = at[at["kind"] == "conv"]
-    ssm = at[at["kind"] == "ssm"]
+    per_layer = []
+    for layer in sorted_layers(at["layer"]):  # model order: the first is the origin
+        g = at[at["layer"] == layer]
+        per_layer.append({
+            "layer": layer, "kinds": sorted(g["kind"].unique()),
+            "conv_rows": sorted({i for rows in g[g["kind"] == "conv"]["parts_out"] for i in rows}),
+            "heads": sorted({i for rows in g[g["kind"] == "ssm"]["parts_out"] for i in rows}),
+            "magnitude": float(g["units"].max())})
+    origin = per_layer[0]
+    mine = bad[bad["layer"] == origin["layer"]]
+    bad_ssm = mine[mine["kind"] == "ssm"]["req_step"]
     rec.update(first_step=first, position=int(at["position"].min()),
-               kinds=sorted(at["kind"].unique()), layers=sorted(at["layer"].unique()),
-               conv_rows=sorted({i for rows in conv["parts_out"] for i in rows}),
-               heads=sorted({i for rows in ssm["parts_out"] for i in rows}),
+               origin_layer=origin["layer"], kinds=origin["kinds"],
+               layers=[x["layer"] for x in per_layer], per_layer=per_layer,
+               conv_rows=origin["conv_rows"], heads=origin["heads"],
                magnitude=float(at["units"].max()), magnitude_abs=float(at["max_abs"].max()),
                nan_or_inf=bool(at["nan_or_inf"].any()),
                ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,

@@ -16,6 +16,13 @@ prefill rows (``num_scheduled_tokens > num_drafts + 1``) of the capture's reques
 batch. ``continuity_summary(df)`` counts breaks and tabulates them by expected shift x moved x
 prefill-in-batch. No reference run and no tolerance: checksums are compared exactly.
 
+What a break means (``break_kind`` per row, ``transition_kind`` per transition in the summary):
+a wrong accepted count is one number per request, so it moves every GDN layer's window by the
+same *other* shift (``wrong shift``); carried rows that match no shift at all (``no shift fits``),
+or a break in some layers only (``some layers``), are a changed value — a corruption of the rows
+themselves — not a wrong shift. Where both runs recorded row hashes (``row_hashes``, since the
+word hash) a row must match by checksum *and* hash, so a permutation inside a carried row is seen.
+
 Geometry comes from the manifest (``states[].conv_width``, ``conv_window`` = kernel - 1,
 ``num_speculative_tokens``), GDN layers from the digests.
 
@@ -32,6 +39,7 @@ from typing import Any
 import pandas as pd
 
 from statescope.capture.store import CaptureRun
+from statescope.diverge.digest_diff import layer_order as _layer_order
 from statescope.errors import InputError
 
 
@@ -66,11 +74,6 @@ def inplace_shift_bias(copies: pd.DataFrame) -> dict[tuple[str, int], int]:
     return {(r, int(e)): int(b) for r, e, b in zip(sh["req_id"], sh["engine_step"], sh["bias"])}
 
 
-def _layer_order(name: str) -> tuple:
-    """``model.layers.10.linear_attn`` after ``model.layers.2.linear_attn``."""
-    return tuple(int(p) if p.isdigit() else -1 for p in str(name).split(".")), str(name)
-
-
 def _need(run: CaptureRun, frame: pd.DataFrame, table: str, columns: list[str]) -> None:
     missing = [c for c in columns if c not in frame]
     if frame.empty or missing:
@@ -98,8 +101,13 @@ def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
     if conv.empty or conv["row_checksums"].isna().all():
         raise InputError(f"capture run {run.path}: digests field 'row_checksums' is empty for "
                          "conv states (no per-row conv checksums recorded)")
-    windows = {(r, int(s), l): [int(x) for x in c] for r, s, l, c in
-               zip(conv["req_id"], conv["req_step"], conv["layer"], conv["row_checksums"])
+    # a row's identity: its checksum, and its hash where the capture recorded one
+    hashes = conv["row_hashes"] if "row_hashes" in conv else [None] * len(conv)
+    windows = {(r, int(s), l): ([(int(x), int(y)) for x, y in zip(c, h)]
+                                if h is not None and not isinstance(h, float)
+                                else [int(x) for x in c])
+               for r, s, l, c, h in zip(conv["req_id"], conv["req_step"], conv["layer"],
+                                        conv["row_checksums"], hashes)
                if c is not None}
     layers = sorted(conv["layer"].unique(), key=_layer_order)
     bias = inplace_shift_bias(run.copies())
@@ -142,10 +150,13 @@ def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
                     for j in range(max(0, carry - b_cur)):  # ... and carried rows moved up by b_cur
                         if expected + b_cur + j < rows_w:
                             intact = intact and c[j] == p[expected + b_cur + j]
+                ok = bool(intact if b_cur else expected in shifts)
+                kind = None if ok else ("in-place shift broken" if b_cur else
+                                        "other shift" if shifts else "no shift fits")
                 out.append({**base, "layer": layer, "observed_shifts": shifts,
-                            "inplace_shift_intact": intact,
-                            "ok": bool(intact if b_cur else expected in shifts)})
-    cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts", "ok"]
+                            "inplace_shift_intact": intact, "ok": ok, "break_kind": kind})
+    cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts", "ok",
+            "break_kind"]
     return pd.DataFrame(out) if out else pd.DataFrame(columns=cols)
 
 
@@ -154,13 +165,20 @@ def continuity_summary(df: pd.DataFrame) -> dict[str, Any]:
     if df.empty:
         return {"rows_checked": 0, "transitions_checked": 0, "break_transitions": 0,
                 "requests_checked": 0, "requests_with_break": 0, "break_engine_steps": [],
-                "breaks_per_layer_agree": True, "observed_vs_expected": [], "contingency": []}
+                "breaks_per_layer_agree": True, "observed_vs_expected": [], "contingency": [],
+                "break_kinds": {}}
+    if "break_kind" not in df:  # a frame from before break kinds: derive them
+        df = df.assign(break_kind=[None if ok else ("other shift" if o else "no shift fits")
+                                   for ok, o in zip(df["ok"], df["observed_shifts"])])
     key = ["req_id", "req_step"]
     tr = df.groupby(key, sort=False).agg(
         ok=("ok", "all"), layers=("ok", "size"), broken_layers=("ok", lambda x: int((~x).sum())),
         engine_step=("engine_step", "first"), expected_shift=("expected_shift", "first"),
         observed=("observed_shifts", lambda x: str(list(x.iloc[0]))),
         moved=("moved", "first"), prefill=("prefill_rows_in_batch", "first")).reset_index()
+    kinds = df[~df["ok"]].groupby(key, sort=False)["break_kind"].agg(lambda x: set(x))
+    tr["transition_kind"] = [transition_kind(kinds.get((r, q)), b, n) for r, q, b, n in
+                             zip(tr["req_id"], tr["req_step"], tr["broken_layers"], tr["layers"])]
     bad = tr[~tr["ok"]]
     tr["prefill_in_batch"] = tr["prefill"] > 0
     table = tr.groupby(["expected_shift", "moved", "prefill_in_batch"]).agg(
@@ -174,12 +192,31 @@ def continuity_summary(df: pd.DataFrame) -> dict[str, Any]:
         "requests_with_break": int(bad["req_id"].nunique()),
         "break_engine_steps": sorted({int(e) for e in bad["engine_step"]}),
         "breaks_per_layer_agree": bool((bad["broken_layers"] == bad["layers"]).all()),
+        "break_kinds": {str(k): int(v) for k, v in bad["transition_kind"].value_counts().items()},
         "observed_vs_expected": [{"expected_shift": int(e), "observed_shifts": o, "transitions": int(n)}
                                  for e, o, n in obs.itertuples(index=False)],
         "contingency": [{"expected_shift": int(e), "moved": bool(m), "prefill_in_batch": bool(p),
                          "transitions": int(t), "broken": int(b)}
                         for e, m, p, t, b in table.itertuples(index=False)],
     }
+
+
+WRONG_SHIFT, NO_SHIFT, SOME_LAYERS, INPLACE = ("wrong shift", "value change (no shift fits)",
+                                              "some layers only", "in-place shift broken")
+
+
+def transition_kind(kinds: set | None, broken: int, layers: int) -> str | None:
+    """What a broken transition is: ``wrong shift`` (every layer moved by the same other shift:
+    a wrong accepted count), a value change where no shift fits, a break in some layers only, or
+    a broken in-place shift; None when it is intact."""
+    if not broken:
+        return None
+    kinds = kinds or set()
+    if "no shift fits" in kinds:
+        return NO_SHIFT
+    if broken < layers:
+        return SOME_LAYERS
+    return INPLACE if "in-place shift broken" in kinds else WRONG_SHIFT
 
 
 def run_continuity(run: str | os.PathLike | CaptureRun) -> pd.DataFrame | None:

@@ -5,9 +5,13 @@ of ``diverge.DivergenceReport.requests``: ``first_step``, ``kinds``, ``layers``,
 ``ssm_lag``, ``events``) and a ``RunContext`` (async scheduling, speculation, prefix-cache hits,
 block sizes, GDN layer count, a planted fault if any) and returns a ``MechanismVerdict``: ``supports``,
 ``contradicts`` or ``not exercised``, with a one-line reason. ``hypothesis_table(report, context)``
-scores every diverged request under every hypothesis and ranks the mechanisms; a mechanism whose
-fault was planted on purpose is labelled EMULATED/PLANTED so nobody mistakes it for a finding
-about a real build: the CPU ``barrierless_tiles`` copy emulates H-copy, the ``permute_accepted``
+scores every diverged request under every hypothesis and ranks the mechanisms: those some request
+supports first (by supporting minus contradicting requests), then the contradicted, then those
+the run did not exercise — a mechanism no request supports is never the finding, and when none
+is supported ``HypothesisTable.finding_line()`` says "no mechanism fits the evidence". Labels:
+``observed`` (supported), ``contradicted``, ``not exercised``; a mechanism whose fault was
+planted on purpose is labelled EMULATED/PLANTED so nobody mistakes it for a finding about a real
+build: the CPU ``barrierless_tiles`` copy emulates H-copy, the ``permute_accepted``
 fault (``statescope.patches.faults``) H-accept, and ``drop_postprocess_copy`` H-lostcopy — a lost
 post-process copy, listed after the §2 rows because §2 has no row for it.
 
@@ -119,6 +123,16 @@ def score_accept(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
     breaks = _breaks(rec)
     if breaks:
         b = breaks[0]
+        # a wrong count is per request: every GDN layer's window moves by the same other shift.
+        # Carried rows that match no shift, or a break in some layers only, are a value change.
+        partial = bool(ctx.gdn_layers) and b["layers"] < ctx.gdn_layers
+        if partial or (not b["observed_shifts"] and not b.get("inplace_shift_bias")):
+            what = ("match no shift of the previous window" if not b["observed_shifts"] else
+                    f"fit shift {b['observed_shifts']}")
+            return MechanismVerdict(CONTRADICTS, f"conv rows at step {b['req_step']} {what} in "
+                                    f"{b['layers']} of {ctx.gdn_layers or '?'} GDN layers: a value "
+                                    "change, not a wrong accepted count (that moves every GDN "
+                                    "layer's window by the same other shift)")
         if b.get("inplace_shift_bias"):
             return MechanismVerdict(SUPPORTS, f"rows of the in-place conv shift by {b['inplace_shift_bias']} "
                                      f"at step {b['req_step']} do not follow the accepted count "
@@ -209,7 +223,8 @@ def score_empty(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
 
 
 def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
-    """H-reorder: a decode row in a batch with prefills, whole state of the step wrong."""
+    """H-reorder: a decode row in a batch with prefills, whole state of the step wrong: the
+    recurrent state of every GDN layer at once (a wrong kernel computes all of them)."""
     if not ctx.spec:
         return MechanismVerdict(NOT_EXERCISED, "the drafter's reorder threshold needs speculative decoding")
     ev = _ev(rec)
@@ -225,6 +240,10 @@ def score_reorder(rec: Mapping[str, Any], ctx: RunContext) -> MechanismVerdict:
                                     f"window shifted by {shifted[0]['observed_shifts']}: the decode "
                                     "conv update ran (a prefill kernel would hold new inputs in "
                                     "rows 0..K-2)")
+    if ctx.gdn_layers and len(rec["layers"]) < ctx.gdn_layers:
+        return MechanismVerdict(CONTRADICTS, f"{len(rec['layers'])} of {ctx.gdn_layers} GDN layers "
+                                f"diverge at step {rec['first_step']}: a decode row run through "
+                                "prefill kernels gets every GDN layer's update from them")
     if rec["first_step"] > 0 and "ssm" in rec["kinds"]:
         return MechanismVerdict(SUPPORTS, f"decode step {rec['first_step']} shared the batch with a prefill "
                                  "and its recurrent state diverges at once")
@@ -244,6 +263,7 @@ class HypothesisTable:
 
     rows: list[dict] = field(default_factory=list)
     context: RunContext | None = None
+    diverged: int = 0  # diverged requests scored
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
@@ -251,14 +271,36 @@ class HypothesisTable:
     def ranking(self) -> list[str]:
         return [r["hypothesis"] for r in self.rows]
 
+    def finding(self) -> list[str]:
+        """The mechanisms that fit best: supported by some request, the top score (several on
+        a tie); empty when no mechanism is supported."""
+        best = [r for r in self.rows if r["supports"]]
+        top = max((r["score"] for r in best), default=None)
+        return [r["hypothesis"] for r in best if r["score"] == top]
+
+    def finding_line(self) -> str:
+        if not self.diverged:
+            return "no request diverged: nothing to explain"
+        names = self.finding()
+        if not names:
+            return (f"no mechanism fits the evidence: {self.diverged} diverged request(s), every "
+                    "mechanism contradicted or not exercised")
+        rows = {r["hypothesis"]: r for r in self.rows}
+        parts = [f"{n} ({rows[n]['supports']} of {self.diverged} diverged request(s) support, "
+                 f"{rows[n]['contradicts']} contradict{'; ' + rows[n]['label'] if rows[n]['label'].startswith('EMULATED') else ''})"
+                 for n in names]
+        return ("fits: " if len(names) == 1 else "tie, equally supported: ") + "; ".join(parts)
+
     def to_dict(self) -> dict:
-        return {"context": asdict(self.context) if self.context else None, "rows": self.rows}
+        return {"context": asdict(self.context) if self.context else None, "rows": self.rows,
+                "finding": self.finding(), "finding_line": self.finding_line()}
 
     def _repr_html_(self) -> str:
         ctx = self.context
         head = ("<p><b>Hypotheses</b>, ranked by supporting minus contradicting requests"
                 + (f" (context: async={ctx.async_scheduling}, spec={ctx.spec}, prefix hits="
-                   f"{ctx.prefix_cache_hits}, planted={ctx.planted})" if ctx else "") + ".</p>")
+                   f"{ctx.prefix_cache_hits}, planted={ctx.planted})" if ctx else "") + ". "
+                f"<b>Finding</b>: {html.escape(self.finding_line())}.</p>")
         cols = ["rank", "hypothesis", "label", "supports", "contradicts", "not_exercised", "why"]
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols) + "</tr>"
                        for r in self.rows)
@@ -304,12 +346,16 @@ def hypothesis_table(report: Any, context: RunContext,
         lead = (SUPPORTS if n[SUPPORTS] else CONTRADICTS if n[CONTRADICTS] else NOT_EXERCISED)
         whys = Counter(v.why for v in verdicts if v.verdict == lead)
         why = whys.most_common(1)[0][0] if whys else "no request diverged from the reference"
+        label = ("observed" if n[SUPPORTS] else "contradicted" if n[CONTRADICTS]
+                 else "not exercised")
         rows.append({"hypothesis": name, "supports": n[SUPPORTS], "contradicts": n[CONTRADICTS],
                      "not_exercised": n[NOT_EXERCISED], "score": n[SUPPORTS] - n[CONTRADICTS],
                      "label": f"EMULATED (PLANTED {context.planted})" if name == emulated
-                     else "observed",
+                     else label,
                      "why": why})
-    rows.sort(key=lambda r: (-r["score"], -r["supports"]))  # stable: ties keep §2 order
+    # supported first, then contradicted, then not exercised; stable: ties keep §2 order
+    rows.sort(key=lambda r: (0 if r["supports"] else 1 if r["contradicts"] else 2,
+                             -r["score"], -r["supports"]))
     for i, r in enumerate(rows, 1):
         r["rank"] = i
-    return HypothesisTable(rows, context)
+    return HypothesisTable(rows, context, diverged=len(records))

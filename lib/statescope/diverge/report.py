@@ -1,20 +1,29 @@
 """Where a captured run's state first departs from a captured reference run of the same prompts.
 
 What it does: ``divergence_report(run_dir, reference_dir)`` lines the two runs up with
-``capture_diff.digest_diff`` and, per request (prompt), reports the first request-local step where
-a digest differs: which GDN layers and state kinds, which live conv rows (row 0 = the window's
-leading, oldest row; the last = the newest), the size of the difference (largest relative
-difference of a statistic, or of a live row's sum for the conv window) and whether NaN/Inf
-appeared. Next to it go the events of that step and the one before, read from the run's own step
-records and copy census (``step_events``): prefix-cache hit, block-boundary crossing, drafts
-scheduled, accepted count (and, where the capture records ``num_accepted_sampled`` /
-``num_accepted_used``, whether the count the state update used differs from the one sampled), a
-same-block left-shift copy, post-process copies, and which engine steps also ran a prefill.
+``digest_diff.digest_diff`` — by default on the column each step's successor resumes from, or on
+every column when both runs digested the draft columns; the report's ``columns`` says which — and,
+per request (prompt), reports the first request-local step where a digest differs, layer by layer
+(``per_layer``, in model order): which state kinds, which live conv rows (row 0 = the window's
+leading, oldest row; the last = the newest), which block columns of the recurrent state, the size
+of the difference (largest relative difference of a statistic, or of a live row's sum for the conv
+window) and whether NaN/Inf appeared. The first layer that differs is the ``origin_layer`` (within
+a step, information flows only to later layers); the record's ``kinds``, ``conv_rows`` and
+``magnitude`` are the origin layer's, ``layers`` lists every layer that differs at that step.
+Next to it go the events of that step and the one before, read from the run's own step records
+and copy census (``step_events``): prefix-cache hit, block-boundary crossing, drafts scheduled,
+accepted count (and, where the capture records ``num_accepted_sampled`` / ``num_accepted_used``,
+whether the count the state update used differs from the one sampled), a same-block left-shift
+copy, post-process copies, and which engine steps also ran a prefill.
+
+An incomplete run (``CaptureRun.ending()``: the engine raised, fewer requests finished than
+planned, hook errors, never closed) is refused with an ``InputError`` naming it, unless
+``allow_incomplete``: then the report carries a loud warning. Requests whose two runs captured
+different numbers of steps are named in the warnings too.
+
 ``statescope.diverge.by_position`` builds the same report by token position in tolerance units.
-``DivergenceReport`` has ``to_dict()``, ``_repr_html_`` and ``heatmap()`` (plotly, layer × step or
-token position, log10 of the difference). ``diverge_command`` / ``add_diverge_subcommand`` are the
-CLI: ``statescope diverge RUN --reference REF [--by-position [--noise CLEAN ...]] [--planted NAME]
-[--json]`` prints the per-request first divergence and the hypothesis table.
+``DivergenceReport`` has ``to_dict()``, ``text()`` (the terminal form), ``_repr_html_`` and
+``heatmap()`` (plotly, layer × step or token position, log10 of the difference).
 
 What it deliberately does not do: judge which mechanism fits (``statescope.diverge.hypotheses``), record
 runs (``statescope.capture.session``) or compare runs of different workloads.
@@ -29,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from statescope.diverge.digest_diff import digest_diff
+from statescope.diverge.digest_diff import COLUMN_NOTES, digest_diff, sorted_layers
 from statescope.capture.store import CaptureRun
 from statescope.errors import InputError
 
@@ -50,18 +59,27 @@ def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.nan_to_num(rel, nan=np.inf)
 
 
+def _window(values: Any, offset: Any, width: int) -> list:
+    if values is None or (isinstance(values, float) and math.isnan(values)):
+        return []
+    return list(values)[int(offset):int(offset) + width]
+
+
 def _live_rows(row: pd.Series, width: int) -> tuple[list[int], float]:
-    """Indices (within the live window) of conv rows that differ, and the largest row-sum gap."""
+    """Indices (within the live window) of conv rows that differ — by checksum, by hash (where
+    both runs recorded one: it sees values permuted within a row) or by sum — and the largest
+    row-sum gap."""
     oa, ob = row.get("conv_live_offset_a"), row.get("conv_live_offset_b")
     if oa is None or ob is None or pd.isna(oa) or pd.isna(ob) or row["row_checksums_a"] is None:
         return [], float(row["stat_rel_diff"])
-    ca = list(row["row_checksums_a"])[int(oa):int(oa) + width]
-    cb = list(row["row_checksums_b"])[int(ob):int(ob) + width]
-    sa = np.array(list(row["row_sums_a"])[int(oa):int(oa) + width], float)
-    sb = np.array(list(row["row_sums_b"])[int(ob):int(ob) + width], float)
+    ca, cb = _window(row["row_checksums_a"], oa, width), _window(row["row_checksums_b"], ob, width)
+    ha, hb = _window(row.get("row_hashes_a"), oa, width), _window(row.get("row_hashes_b"), ob, width)
+    sa = np.array(_window(row["row_sums_a"], oa, width), float)
+    sb = np.array(_window(row["row_sums_b"], ob, width), float)
     n = min(len(ca), len(cb), len(sa), len(sb))
     rel = _rel(sa[:n], sb[:n]) if n else np.zeros(0)
-    rows = [i for i in range(n) if ca[i] != cb[i] or rel[i] > 0]
+    hashed = len(ha) >= n and len(hb) >= n
+    rows = [i for i in range(n) if ca[i] != cb[i] or rel[i] > 0 or (hashed and ha[i] != hb[i])]
     return rows, float(rel.max()) if n else 0.0
 
 
@@ -142,6 +160,9 @@ class DivergenceReport:
     conv_window: int = 0
     unit: str = "relative difference"  # of ``magnitude``; "tolerance units" for position reports
     tolerance: dict | None = None  # the noise calibration used, when there is one
+    columns: str | None = None  # which block columns were compared (digest_diff.COLUMN_NOTES)
+    warnings: list[str] = field(default_factory=list)  # incomplete runs, step counts that differ
+    endings: dict = field(default_factory=dict)  # "run" / "reference" -> CaptureRun.ending()
 
     @property
     def diverged(self) -> list[dict]:
@@ -150,30 +171,46 @@ class DivergenceReport:
     def to_dict(self) -> dict:
         return {"run": self.run, "reference": self.reference, "gdn_layers": self.gdn_layers,
                 "conv_window": self.conv_window, "unit": self.unit, "tolerance": self.tolerance,
+                "columns": self.columns, "columns_note": COLUMN_NOTES.get(self.columns or ""),
+                "warnings": self.warnings, "endings": self.endings,
                 "requests_compared": len(self.requests),
                 "requests_diverged": len(self.diverged), "requests": self.requests}
 
     def table(self) -> pd.DataFrame:
+        """One row per request: first step (an integer, or None), origin layer and its kinds,
+        every layer that differs there (model layer numbers), live conv rows, magnitude, events."""
         rows = []
         for r in self.requests:
             ev = r.get("events", {})
             rows.append({"req_id": r["req_id"], "first_step": r["first_step"],
                          **({"position": r["position"]} if "position" in r else {}),
-                         "kinds": ",".join(r["kinds"]), "layers": len(r["layers"]),
+                         "origin_layer": short_layer(r.get("origin_layer")),
+                         "kinds": ",".join(r["kinds"]),
+                         "layers": ",".join(short_layer(x) for x in r["layers"]),
                          "conv_rows": r["conv_rows"], "magnitude": r["magnitude"],
                          "nan_or_inf": r["nan_or_inf"],
                          "same_block_shift": ev.get("same_block_left_shift"),
                          "block_crossing": ev.get("block_crossing"),
                          "prefix_hit_tokens": ev.get("prefix_hit_tokens"),
                          "accepted": ev.get("accepted")})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows).astype({"first_step": "object"}) if rows else pd.DataFrame()
+
+    def text(self, all_requests: bool = False) -> str:
+        """The terminal form (``statescope.diverge.text``)."""
+        from statescope.diverge.text import report_text
+
+        return report_text(self, all_requests)
 
     def _repr_html_(self) -> str:
+        import html
+
         head = (f"<p><b>Divergence</b> of <code>{self.run}</code> from <code>{self.reference}</code>: "
                 f"{len(self.diverged)} of {len(self.requests)} requests diverge "
                 f"({self.gdn_layers} GDN layers, live conv window {self.conv_window} rows; "
-                f"conv row 0 = leading/oldest; magnitude in {self.unit}).</p>")
-        return head + self.table().to_html(index=False)
+                f"conv row 0 = leading/oldest; magnitude in {self.unit}; compared: "
+                f"{html.escape(COLUMN_NOTES.get(self.columns or '', 'by position'))}).</p>")
+        warn = "".join(f"<p><b>WARNING</b>: {html.escape(w)}</p>" for w in self.warnings)
+        return head + warn + self.table().to_html(index=False)
 
     def heatmap(self, req_id: str | None = None):
         """Plotly heatmap, (layer, kind) × request step, of log10 difference for one request
@@ -218,42 +255,117 @@ class DivergenceReport:
                               annotation_text=label, annotation_position="top left")
 
 
+def short_layer(name: Any) -> str:
+    """``model.layers.2.linear_attn`` -> ``2`` (the model's layer number); other names as is."""
+    if name is None:
+        return ""
+    nums = [p for p in str(name).split(".") if p.isdigit()]
+    return nums[0] if len(nums) == 1 else str(name)
+
+
+def _differs_by(rows: pd.DataFrame) -> list[str]:
+    """Which digests saw the difference: for the recurrent state the exact ``checksum`` /
+    ``hash`` and the ``floats`` (statistics); for the conv window its ``live rows`` (per-row
+    checksum, hash and sum of the rows the next step reads)."""
+    ssm = rows[rows["kind"] == "ssm"]
+    out = ["live rows"] if (rows["kind"] == "conv").any() else []
+    if len(ssm) and (ssm["checksum_a"] != ssm["checksum_b"]).any():
+        out.append("checksum")
+    if len(ssm) and {"hash_a", "hash_b"} <= set(ssm) and (
+            ssm["hash_a"].notna() & ssm["hash_b"].notna() & (ssm["hash_a"] != ssm["hash_b"])).any():
+        out.append("hash")
+    if len(ssm) and (ssm["stat_rel_diff"] > 0).any():
+        out.append("floats")
+    return out
+
+
+def _per_layer(at: pd.DataFrame) -> list[dict]:
+    """The first divergent step's rows, one record per layer in model order."""
+    out = []
+    for layer in sorted_layers(at["layer"]):
+        g = at[at["layer"] == layer]
+        conv = g[g["kind"] == "conv"]
+        ssm = g[g["kind"] == "ssm"]
+        cols = sorted({int(c) for c in ssm[[c for c in ("column_offset_b", "column_offset")
+                                             if c in ssm][0]]}) if len(ssm) else []
+        mag = float(g["magnitude"].max())
+        out.append({"layer": layer, "kinds": sorted(g["kind"].unique()),
+                    "conv_rows": sorted({i for rows in conv["conv_rows"] for i in rows}),
+                    "ssm_columns": cols, "magnitude": "inf" if math.isinf(mag) else mag,
+                    "differs_by": _differs_by(g),
+                    "nan_or_inf": bool((g[[c for c in ("nan_b", "inf_b") if c in g]].fillna(0)
+                                        .to_numpy() > 0).any())})
+    return out
+
+
+def check_completeness(report: DivergenceReport, runs: dict, allow_incomplete: bool) -> None:
+    """Refuse (``InputError``) or loudly warn about a run that did not run to its end."""
+    for what, run in runs.items():
+        end = run.ending()
+        report.endings[what] = {k: end.get(k) for k in ("complete", "why", "status", "recorded",
+                                                         "requests_planned", "requests_finished",
+                                                         "engine_error")}
+        if end["complete"]:
+            continue
+        msg = (f"capture {what} {run.path} is incomplete: {end['why']} (manifest 'ended' / "
+               f"'status' {end.get('status')!r})")
+        if not allow_incomplete:
+            raise InputError(msg + "; compare a complete capture, or pass --allow-incomplete "
+                                   "(allow_incomplete=True) to compare the steps it has")
+        report.warnings.append("INCOMPLETE: " + msg + "; only the steps it captured are compared")
+
+
 def divergence_report(run_dir: str | os.PathLike | CaptureRun,
                       reference_dir: str | os.PathLike | CaptureRun,
-                      rtol: float = 1e-5) -> DivergenceReport:
-    """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts)."""
+                      rtol: float = 1e-5, columns: str = "auto",
+                      allow_incomplete: bool = False) -> DivergenceReport:
+    """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts);
+    ``columns``: which block columns (``digest_diff``: auto | all | resume | running)."""
     run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
     width = int(run.manifest.get("conv_window", 0))
-    m = digest_diff(ref, run, rtol)
     report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
+    check_completeness(report, {"run": run, "reference": ref}, allow_incomplete)
+    m = digest_diff(ref, run, rtol, columns=columns)
+    report.columns = m.attrs.get("columns")
     if m.empty:
         return report
     m = _magnitudes(m, width)
     report.gdn_layers = int(m["layer"].nunique())
     report.cells = m[["prompt_sha", "req_id_b", "req_step", "layer", "kind", "magnitude"]]
+    steps_of = {r: st.groupby("prompt_sha")["req_step"].nunique()
+                for r, st in (("run", run.steps()), ("reference", ref.steps()))}
+    short = []
     for sha, g in m.groupby("prompt_sha"):
         bad = g[~g["same"].astype(bool)]
+        n_run, n_ref = (int(steps_of[k].get(sha, 0)) for k in ("run", "reference"))
+        if n_run != n_ref:
+            short.append(f"{g['req_id_b'].iloc[0]} ({n_run} vs {n_ref})")
         rec: dict[str, Any] = {"prompt_sha": sha, "req_id": g["req_id_b"].iloc[0],
                                "reference_req_id": g["req_id_a"].iloc[0],
-                               "steps_compared": int(g["req_step"].nunique()), "first_step": None,
-                               "kinds": [], "layers": [], "conv_rows": [], "magnitude": 0.0,
-                               "nan_or_inf": False, "ssm_lag": None, "events": {}}
+                               "steps_compared": int(g["req_step"].nunique()),
+                               "steps_run": n_run, "steps_reference": n_ref, "first_step": None,
+                               "origin_layer": None, "kinds": [], "layers": [], "conv_rows": [],
+                               "per_layer": [], "magnitude": 0.0, "nan_or_inf": False,
+                               "ssm_lag": None, "events": {}}
         if len(bad):
             first = int(bad["req_step"].min())
             at = bad[bad["req_step"] == first]
-            conv_rows = sorted({i for rows in at["conv_rows"] for i in rows})
-            bad_ssm = bad[bad["kind"] == "ssm"]["req_step"]
-            rec.update(first_step=first, kinds=sorted(at["kind"].unique()),
-                       layers=sorted(at["layer"].unique()), conv_rows=conv_rows,
-                       magnitude=float(at["magnitude"].max()),
-                       nan_or_inf=bool((at[[c for c in ("nan_b", "inf_b") if c in at]].fillna(0)
-                                        .to_numpy() > 0).any()),
+            per_layer = _per_layer(at)
+            origin = per_layer[0]
+            mine = bad[bad["layer"] == origin["layer"]]
+            bad_ssm = mine[mine["kind"] == "ssm"]["req_step"]
+            rec.update(first_step=first, origin_layer=origin["layer"], kinds=origin["kinds"],
+                       layers=[x["layer"] for x in per_layer], conv_rows=origin["conv_rows"],
+                       per_layer=per_layer, magnitude=origin["magnitude"],
+                       nan_or_inf=any(x["nan_or_inf"] for x in per_layer),
                        ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
                        events=step_events(run, rec["req_id"],
-                                      list(range(max(0, first - EVENT_WINDOW), first + 1))))
-        if isinstance(rec["magnitude"], float) and math.isinf(rec["magnitude"]):
-            rec["magnitude"] = "inf"  # JSON has no infinity
+                                          list(range(max(0, first - EVENT_WINDOW), first + 1))))
         report.requests.append(rec)
+    if short:
+        report.warnings.append(f"{len(short)} request(s) captured a different number of steps in "
+                               f"the run than in the reference (run vs reference): "
+                               f"{', '.join(short[:8])}{' ...' if len(short) > 8 else ''}")
     report.requests.sort(key=lambda r: (r["first_step"] is None, r["first_step"] or 0, r["req_id"]))
     return report
 

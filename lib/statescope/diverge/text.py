@@ -1,0 +1,97 @@
+"""The terminal form of a divergence report and a hypothesis table: short, integer steps, layer numbers.
+
+What it does: ``report_text(report)`` says how many requests diverge, which block columns were
+compared, any warning (an incomplete run, step counts that differ), then one line per diverging
+request — first step, origin layer and its kinds, every layer that differs there, live conv rows,
+magnitude, the step's events — and under it the per-layer detail; requests that do not diverge
+are counted, not listed (``all_requests`` lists them). ``hypotheses_text(table)`` gives the
+finding line (the mechanism that fits, or "no mechanism fits the evidence") and the table.
+
+What it deliberately does not do: compute anything (``statescope.diverge.report``,
+``.hypotheses``), or format JSON (the CLI prints ``to_dict()``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from statescope.diverge.digest_diff import COLUMN_NOTES
+
+
+def _layer(name: Any) -> str:
+    from statescope.diverge.report import short_layer
+
+    return short_layer(name)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(_fmt(v) for v in x) + "]" if x else "-"
+    return str(x)
+
+
+def _events(ev: dict) -> str:
+    parts = []
+    if ev.get("accepted"):
+        parts.append(f"accepted {_fmt(ev['accepted'])}")
+    if ev.get("accepted_mismatch"):
+        parts.append(f"USED {_fmt(ev.get('accepted_used'))} != sampled")
+    if ev.get("same_block_left_shift"):
+        parts.append(f"in-place shift at step {_fmt(ev.get('shift_steps'))}")
+    if ev.get("postprocess_copy_steps"):
+        parts.append(f"post-process copy at step {_fmt(ev['postprocess_copy_steps'])}")
+    if ev.get("block_crossing"):
+        parts.append("block crossing")
+    if ev.get("prefix_hit_tokens"):
+        parts.append(f"prefix hit {ev['prefix_hit_tokens']} tokens")
+    if ev.get("prefill_steps"):
+        parts.append(f"prefill in batch at step {_fmt(ev['prefill_steps'])}")
+    return "; ".join(parts) or "-"
+
+
+def report_text(report: Any, all_requests: bool = False) -> str:
+    lines = [f"{len(report.diverged)} of {len(report.requests)} requests diverge "
+             f"({report.run} vs reference {report.reference}; magnitude in {report.unit})"]
+    if report.columns:
+        lines.append(f"compared: {COLUMN_NOTES.get(report.columns, report.columns)}")
+    lines += [f"WARNING: {w}" for w in report.warnings]
+    shown = report.requests if all_requests else report.diverged
+    if shown:
+        lines.append("")
+        for r in shown:
+            if r["first_step"] is None:
+                lines.append(f"{r['req_id']}: no divergence in {r['steps_compared']} steps")
+                continue
+            where = f"step {r['first_step']}" + (f" (token position {r['position']})"
+                                                 if r.get("position") is not None else "")
+            lines.append(f"{r['req_id']}: first divergence at {where}, origin layer "
+                         f"{_layer(r.get('origin_layer')) or '?'} ({'+'.join(r['kinds'])}); layers "
+                         f"{','.join(_layer(x) for x in r['layers'])}; conv rows "
+                         f"{_fmt(r['conv_rows'])}; magnitude {_fmt(r['magnitude'])}"
+                         + ("; NaN/Inf" if r.get("nan_or_inf") else ""))
+            for pl in r.get("per_layer") or []:
+                cols = f", recurrent columns {_fmt(pl['ssm_columns'])}" if pl.get("ssm_columns") else ""
+                lines.append(f"    layer {_layer(pl['layer'])}: {'+'.join(pl['kinds'])}, conv rows "
+                             f"{_fmt(pl['conv_rows'])}{cols}, seen by {'+'.join(pl['differs_by'])},"
+                             f" magnitude {_fmt(pl['magnitude'])}")
+            lines.append(f"    events (steps {_fmt((r.get('events') or {}).get('steps'))}): "
+                         f"{_events(r.get('events') or {})}")
+    rest = len(report.requests) - len(shown)
+    if rest:
+        lines.append(f"{rest} other request(s): no divergence (--all lists them)")
+    return "\n".join(lines)
+
+
+def hypotheses_text(table: Any) -> str:
+    ctx = table.context
+    head = "hypotheses" + (f" (async={ctx.async_scheduling}, spec={ctx.spec}, prefix hits="
+                           f"{ctx.prefix_cache_hits}, planted={ctx.planted})" if ctx else "")
+    lines = [head + ":", f"finding: {table.finding_line()}"]
+    cols = ["rank", "hypothesis", "label", "supports", "contradicts", "not_exercised", "why"]
+    frame = table.frame()
+    if not frame.empty:
+        lines.append(frame[cols].to_string(index=False))
+    return "\n".join(lines)
