@@ -16,7 +16,7 @@ Bayesian bisection's probes in batches that fill the free workers:
   information); ``statescope.cluster.sim``: SIMULATED device-hours of batched bisection.
 
 The command line (``statescope matrix --ray``, ``statescope bisect --ray``) lives in
-``statescope.cluster``'s CLI module ``statescope.cli.cluster``.
+``statescope.cli.cluster``.
 
 What it deliberately does not do: anything without Ray (the sequential paths in
 ``statescope.builds.run`` stay as they were), provision machines, or install builds other than

@@ -33,7 +33,7 @@ from statescope.builds.spec import BuildSpec
 from statescope.cluster.batches import MIN_GAIN_BITS, BatchedSearch
 from statescope.cluster.driver import CellDriver, Finished
 from statescope.cluster.ledger import CellLedger
-from statescope.cluster.plan import CELL_PARAMS, CellPlan
+from statescope.cluster.plan import CELL_PARAMS, CellPlan, check_settings
 from statescope.cluster.session import RayCluster
 from statescope.errors import InputError
 from statescope.records import new_run_id
@@ -129,6 +129,13 @@ def ray_bisect(items: Sequence, *, setting: str | None = None, build: BuildSpec 
         raise InputError("ray_bisect(setting=...): expected the build to run the values in")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise InputError(f"ray_bisect workers={workers!r}: expected an integer >= 1")
+    if setting:
+        check_settings({setting: items})
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+            diffs = np.diff(np.asarray(items, dtype=float))
+            if not (np.all(diffs > 0) or np.all(diffs < 0)):
+                raise InputError(f"ray_bisect {setting}: expected numeric values in increasing or "
+                                 f"decreasing order, got {items}")
     build_text = BuildSpec.parse(build).text if setting else None
     if not setting:
         items = [BuildSpec.parse(s).text for s in items]

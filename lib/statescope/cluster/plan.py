@@ -5,7 +5,8 @@ experiment's parameters (preset, unit, control, model, geometry) -- and ``cell_i
 derived from exactly those (readable spec slug + a hash), so a resumed driver recognises a cell
 it has already completed, and the sequential path run with ``run_id=cell_id`` writes the same
 records. ``matrix_plan`` crosses build specs with setting axes and seeds, refusing axes that are
-not fields of the trigger arm's ``EngineConfig`` and cells that would be the same experiment.
+not fields of the trigger arm's ``EngineConfig``, settings that arm cannot take (checked once,
+here, not in every cell) and cells that would be the same experiment.
 
 What it deliberately does not do: run, schedule or store anything (``statescope.cluster.cells``,
 ``statescope.cluster.driver``, ``statescope.cluster.ledger``).
@@ -96,6 +97,21 @@ def check_axes(axes: dict[str, Sequence] | None) -> dict[str, list]:
     return out
 
 
+def check_settings(axes: dict[str, Sequence] | None) -> dict[str, list]:
+    """``check_axes``, and every combination of values applied to the trigger arm (a bad value
+    fails here, once, not in every cell)."""
+    from statescope.engine.config import EngineConfig
+    from statescope.verdict.matrix import cell_config
+
+    axes = check_axes(axes)
+    for values in itertools.product(*axes.values()):
+        try:
+            cell_config(EngineConfig(), dict(zip(axes, values)))
+        except InputError as exc:
+            raise InputError(f"trigger settings {dict(zip(axes, values))}: {exc}") from None
+    return axes
+
+
 def matrix_plan(specs: Sequence[BuildSpec | str], *, axes: dict[str, Sequence] | None = None,
                 seeds: Sequence[int] = (0,), **params: Any) -> list[CellPlan]:
     """Every (build, settings, seed) cell, builds outermost, in the order given."""
@@ -104,7 +120,7 @@ def matrix_plan(specs: Sequence[BuildSpec | str], *, axes: dict[str, Sequence] |
         raise InputError(f"matrix parameters {unknown}: expected some of {list(CELL_PARAMS)}")
     if not specs:
         raise InputError("matrix: expected at least one build spec")
-    axes = check_axes(axes)
+    axes = check_settings(axes)
     parsed = [BuildSpec.parse(s) for s in specs]
     plans = [CellPlan(spec.text, dict(zip(axes, values)), int(seed), **params)
              for spec in parsed for values in itertools.product(*axes.values()) for seed in seeds]
