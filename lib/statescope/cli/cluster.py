@@ -13,6 +13,7 @@ What it deliberately does not do: any work beyond parsing (``statescope.cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -92,6 +93,12 @@ def _common(args: argparse.Namespace, run_id: str) -> dict[str, Any]:
                 installer=args.installer, preset=args.preset, unit=args.unit, control=args.control)
 
 
+def _stdout_for_reports_only():
+    """Ray's driver prints cluster error messages (a worker died, ...) to stdout from a thread of
+    its own; stdout is for the report (``--json`` must parse), so they go to stderr meanwhile."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def _announce(command: str, args: argparse.Namespace, run_id: str) -> None:
     where = f"the cluster at {args.ray}" if args.ray else "a local Ray cluster"
     print(f"statescope {command}: cluster run {run_id} under {args.runs} on {where} "
@@ -115,8 +122,9 @@ def matrix_on_ray(args: argparse.Namespace):
     matrix_plan(args.specs, axes=axes, seeds=range(seeds),
                 **{k: common[k] for k in ("preset", "unit", "control")})  # bad input: before the run
     _announce("matrix", args, run_id)
-    return ray_matrix(args.specs, axes=axes, seeds=range(seeds),
-                      retry_failed=bool(args.retry_failed), **common)
+    with _stdout_for_reports_only():
+        return ray_matrix(args.specs, axes=axes, seeds=range(seeds),
+                          retry_failed=bool(args.retry_failed), **common)
 
 
 def bisect_on_ray(args: argparse.Namespace, requests_per_probe: int):
@@ -143,9 +151,11 @@ def bisect_on_ray(args: argparse.Namespace, requests_per_probe: int):
         axis, _, values = args.settings.partition("=")
         items: list = [_value(v) for v in values.split(",")]
         _announce("bisect", args, run_id)
-        return ray_bisect(items, setting=axis, build=args.build, **search, **common)
+        with _stdout_for_reports_only():
+            return ray_bisect(items, setting=axis, build=args.build, **search, **common)
     specs = [BuildSpec.parse(s) for s in args.builds]
     if args.plant_from is not None:
         specs = plant_regression(specs, args.plant_from)
     _announce("bisect", args, run_id)
-    return ray_bisect(specs, **search, **common)
+    with _stdout_for_reports_only():
+        return ray_bisect(specs, **search, **common)

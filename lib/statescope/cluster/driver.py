@@ -64,7 +64,6 @@ class CellDriver:
         self.install_timeout_s, self.store_access, self.installer = install_timeout_s, store_access, installer
         self.per_cell = cell_resources(self.ray.cluster_resources(), cpus=cpus, gpus=gpus)
         self.in_flight: dict[Any, Flight] = {}  # Ray object ref -> flight
-        self.overheads: list[float] = []  # driver-seen seconds per ok cell beyond its own run
 
     def slots(self) -> int:
         return slots(self.ray.cluster_resources(), self.per_cell)
@@ -120,9 +119,8 @@ class CellDriver:
                 final = publish_shipped(self.ledger.cells_dir, flight.plan.cell_id, flight.token,
                                         outcome.pop("shipped"))
                 outcome["cell"].update(run_dir=str(final), log=str(final / "cell.log"))
-            own = outcome["attempt"].get("seconds")
-            if own is not None:
-                self.overheads.append(time.time() - flight.submitted - own)
+        # submission to result, as the driver saw it: minus the task's own seconds, Ray's share
+        outcome["attempt"]["driver_seconds"] = round(time.time() - flight.submitted, 3)
         outcome.pop("shipped", None)
         return outcome
 

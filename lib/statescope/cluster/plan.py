@@ -65,7 +65,8 @@ class CellPlan:
     @property
     def cell_id(self) -> str:
         canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
-        slug = re.sub(r"[^A-Za-z0-9.]+", "-", self.build.label).strip("-")[:48]
+        label = self.build.label.removesuffix(".whl")
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", label)[:48].strip("-.")
         return f"{slug}-s{self.seed}-{hashlib.sha256(canon.encode()).hexdigest()[:10]}"
 
     @property

@@ -89,12 +89,12 @@ class RayCluster:
             self.reused = True
             return self
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                  "logging_level": "WARNING", "namespace": "statescope"}
+        kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": "WARNING",
+                                  "namespace": "statescope"}
         if self.address_asked is None:
             self._before = descendants(os.getpid())
             kwargs.update(address="local", num_cpus=self.num_cpus, num_gpus=self.num_gpus,
-                          object_store_memory=OBJECT_STORE_BYTES)
+                          object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False)
             self.started_here = True
         else:
             kwargs["address"] = self.address_asked

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from statescope.bisect.sim import FlakyOracle
-from statescope.cluster.batches import BatchedSearch
+from statescope.cluster.batches import MIN_GAIN_BITS, BatchedSearch
 from statescope.errors import InputError
 
 
@@ -37,14 +37,14 @@ class SimulatedBisection:
 def simulate_batched(oracle: FlakyOracle, *, workers: int, requests_per_probe: int = 48,
                      cell_hours: float = 1.0, cell_hours_sigma: float = 0.25,
                      confidence: float = 0.95, budget: int | None = None, mode: str = "regression",
-                     seed: int = 0) -> SimulatedBisection:
+                     min_gain_bits: float = MIN_GAIN_BITS, seed: int = 0) -> SimulatedBisection:
     """One SIMULATED bisection with ``workers`` probes at a time; a probe takes
     lognormal(``cell_hours``, sigma) hours (median ``cell_hours``)."""
     if not isinstance(workers, int) or workers < 1:
         raise InputError(f"simulate_batched workers={workers!r}: expected an integer >= 1")
     rng = np.random.default_rng(seed)
     search = BatchedSearch(oracle.n_items, mode=mode, requests_per_probe=requests_per_probe,
-                           confidence=confidence, budget=budget)
+                           confidence=confidence, budget=budget, min_gain_bits=min_gain_bits)
     running: list[tuple[float, int, str, int, float]] = []  # (finish, order, token, item, start)
     clock, device, probes, cancelled, started = 0.0, 0.0, 0, 0, 0
     stopped = "no informative probe"
@@ -78,7 +78,8 @@ def simulate_batched(oracle: FlakyOracle, *, workers: int, requests_per_probe: i
 def compare_workers(*, n_items: int = 7, workers: Sequence[int] = (1, 8), rate_before: float = 0.0,
                     rate_after: float = 0.056, requests_per_probe: int = 48,
                     seeds: Sequence[int] = range(100), cell_hours: float = 1.0,
-                    confidence: float = 0.95, budget: int | None = None) -> list[dict]:
+                    confidence: float = 0.95, budget: int | None = None,
+                    min_gain_bits: float = MIN_GAIN_BITS) -> list[dict]:
     """SIMULATED: mean device-hours, wall-clock hours and accuracy per worker count (change drawn
     per seed, the same draws for every worker count)."""
     rows = []
@@ -89,9 +90,9 @@ def compare_workers(*, n_items: int = 7, workers: Sequence[int] = (1, 8), rate_b
             oracle = FlakyOracle(n_items, change, rate_before, rate_after, seed=seed)
             r = simulate_batched(oracle, workers=w, requests_per_probe=requests_per_probe,
                                  cell_hours=cell_hours, confidence=confidence, budget=budget,
-                                 seed=seed)
+                                 min_gain_bits=min_gain_bits, seed=seed)
             runs.append((r.answer_index == change, r))
-        rows.append({"workers": w, "runs": len(runs),
+        rows.append({"workers": w, "min_gain_bits": min_gain_bits, "runs": len(runs),
                      "accuracy": float(np.mean([ok for ok, _ in runs])),
                      "mean_device_hours": float(np.mean([r.device_hours for _, r in runs])),
                      "mean_wall_hours": float(np.mean([r.wall_hours for _, r in runs])),
