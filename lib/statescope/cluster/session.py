@@ -6,7 +6,9 @@ machine) it connects and, on exit, disconnects. Without one it starts a private 
 (``address="local"``: never an unrelated cluster that happens to run here) with ``num_cpus``
 CPUs, no dashboard and a small object store, and on exit shuts it down and checks that every
 process it started (GCS, raylet, workers, and whatever they launched) is gone; any survivor is
-listed in ``survivors`` and then killed by pid. A process that already has Ray initialised (a
+listed in ``survivors`` and then killed by pid. A local start that times out (Ray waits a fixed 15 s for
+its dashboard agent; an overloaded machine can take longer) is cleaned up the same way and tried
+again, up to ``LOCAL_START_TRIES`` times. A process that already has Ray initialised (a
 notebook that called ``ray.init``) is reused and left as it was. ``cell_resources`` and
 ``slots`` say what one cell asks for and how many such cells fit at once.
 
@@ -26,6 +28,10 @@ from statescope.errors import EnvironmentBroken, InputError
 RAY_VERSION = "2.60.0"  # the version tested here (pyproject's dev extra); nodes must match the driver
 OBJECT_STORE_BYTES = 256 * 2**20  # cells return small results: do not reserve 30% of RAM
 TEARDOWN_WAIT_S = 20.0
+# Ray 2.60 gives its dashboard agent a fixed 15 s to report its ports (and the raylet 30 s to
+# register); on an overloaded machine the agent imports slower than that and the raylet aborts,
+# so a local start is cleaned up and tried again, this many times.
+LOCAL_START_TRIES = 4
 
 
 def require_ray():
@@ -81,6 +87,7 @@ class RayCluster:
         self.started_here = False
         self.reused = False
         self.survivors: list[int] = []
+        self.failed_start_leftovers: list[int] = []  # killed after a start that timed out
         self._before: set[int] = set()
 
     def __enter__(self) -> "RayCluster":
@@ -98,12 +105,22 @@ class RayCluster:
             self.started_here = True
         else:
             kwargs["address"] = self.address_asked
-        try:
-            ray.init(**kwargs)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            self.started_here = False
-            raise EnvironmentBroken(f"Ray cluster {self.address_asked or '(local)'}: could not "
-                                    f"{'connect' if self.address_asked else 'start'} ({exc})") from None
+        tries = LOCAL_START_TRIES if self.started_here else 1
+        for attempt in range(1, tries + 1):
+            try:
+                ray.init(**kwargs)
+                return self
+            except Exception as exc:  # Ray raises bare Exception for a node that did not start
+                if self.started_here:
+                    self._teardown(ray)  # what the failed start left, before trying again
+                    self.failed_start_leftovers += self.survivors
+                    self.survivors = []
+                if attempt == tries:
+                    self.started_here = False
+                    raise EnvironmentBroken(
+                        f"Ray cluster {self.address_asked or '(local)'}: could not "
+                        f"{'connect' if self.address_asked else f'start in {tries} tries'} "
+                        f"({type(exc).__name__}: {exc})") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -113,10 +130,16 @@ class RayCluster:
         ray = require_ray()
         if self.reused or not ray.is_initialized():
             return
-        ours = self._cluster_processes() if self.started_here else set()
-        ray.shutdown()
         if not self.started_here:
+            ray.shutdown()
             return
+        self._teardown(ray)
+
+    def _teardown(self, ray) -> None:
+        """Shut the local cluster down, wait for its processes, kill (by pid) what is left."""
+        ours = self._cluster_processes()
+        if ray.is_initialized():
+            ray.shutdown()
         deadline = time.monotonic() + TEARDOWN_WAIT_S
         while time.monotonic() < deadline and any(_alive(p) for p in ours):
             time.sleep(0.2)
