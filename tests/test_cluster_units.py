@@ -334,3 +334,14 @@ def test_bisect_on_ray_hands_the_planted_builds_and_search_options_on(monkeypatc
                "--ray", "--runs", str(tmp_path)])
     assert rc == 0 and seen["items"] == [8, 16, 32] and seen["setting"] == "max_num_seqs"
     assert seen["address"] is None  # --ray alone: a local cluster
+
+
+def test_a_planted_fault_picks_the_same_requests_in_every_run():
+    """vLLM's offline request ids carry a random suffix; the rate-based choice ignores it, so a
+    PLANTED cell re-run (sequentially or on the cluster) plants the same requests."""
+    from statescope.patches.faults import FaultSpec
+
+    spec = FaultSpec("nan_conv", rate=0.3, seed=7)
+    first = [spec.selects(f"{i}-{os.urandom(4).hex()}") for i in range(64)]
+    again = [spec.selects(f"{i}-{os.urandom(4).hex()}") for i in range(64)]
+    assert first == again and 5 < sum(first) < 40
