@@ -14,9 +14,10 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "lib" / "statescope"
 # LAYOUT.md's order, but for models: the GPU arms build random hybrids (gpu -> models), and the
-# models wing needs only engine, patches and workload, so it sits right above engine.
+# models wing needs only engine, patches and workload, so it sits right above engine. cluster
+# (matrix and bisection cells on Ray) runs builds' cells: right above builds.
 WINGS = ("workload", "patches", "capture", "engine", "models", "verdict", "diverge", "bisect",
-         "builds", "gpu", "results", "teach", "share", "cli")
+         "builds", "cluster", "gpu", "results", "teach", "share", "cli")
 BASE = {"errors", "tables", "records", "resolved", "wings", "intervals"}  # shared by every wing
 ENTRIES = {"__init__"}  # the package root (installs the CPU shims)
 # vLLM's plugin entry point installs patches and capture in every vLLM process; the in-process

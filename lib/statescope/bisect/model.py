@@ -8,7 +8,8 @@ flaky bugs (a failure seen is near-certain evidence of "bad"; a clean probe is o
 evidence of "good", with a strength learnt from the failures seen so far).
 ``ChangePointPosterior`` integrates both rates out exactly on that grid and gives the marginal
 over *c* and the expected information (bits) of a probe of n requests on every item at once
-(prefix sums, O(N m^2)). ``mode='fix'`` swaps which regime fails more.
+(prefix sums, O(N m^2)); ``joint`` is the full (c, before-rate, after-rate) table and ``copy`` an
+independent twin, for reasoning about probes still in flight (``statescope.cluster.batches``). ``mode='fix'`` swaps which regime fails more.
 
 What it deliberately does not do: choose or run probes (``statescope.bisect.search``), model more
 than one change, or treat requests of one engine lifetime as dependent.
@@ -91,42 +92,92 @@ class ChangePointPosterior:
         marginal is an elementwise product with one matrix product: O(N m^2) without an N*m*m
         table."""
         if self._cache is None:
-            cn, ck = np.concatenate([[0], np.cumsum(self.n)]), np.concatenate([[0], np.cumsum(self.k)])
-            c = np.arange(1, self.n_items)
-            lb = _rate_loglik(ck[c], cn[c], self.rates)
-            la = _rate_loglik(ck[-1] - ck[c], cn[-1] - cn[c], self.rates)
-            mb, ma = lb.max(1, keepdims=True), la.max(1, keepdims=True)  # finite: rates > 0 exist
-            eb, ea = np.exp(lb - mb), np.exp(la - ma)
-            scale = np.exp(mb + ma - (mb + ma).max())
-            before = eb * (ea @ self.pair.T) * scale
-            after = ea * (eb @ self.pair) * scale
-            total = before.sum()
-            self._cache = (before / total, after / total)
+            before, after = rate_marginals_of(self.rates, self.pair, self.n[None], self.k[None])
+            self._cache = (before[0], after[0])
         return self._cache
+
+    def copy(self) -> "ChangePointPosterior":
+        """The same posterior, independent counts (the likelihood tables are shared: same grid)."""
+        twin = ChangePointPosterior.__new__(ChangePointPosterior)
+        twin.__dict__.update(self.__dict__, n=self.n.copy(), k=self.k.copy(), _cache=None)
+        return twin
+
+    def joint(self) -> np.ndarray:
+        """P(c, before-rate, after-rate | data), shape (N-1, m, m), c = 1..N-1 along axis 0
+        (an explicit table: for sampling whole hypotheses, e.g. unknown outcomes of probes in flight)."""
+        cn, ck = np.concatenate([[0], np.cumsum(self.n)]), np.concatenate([[0], np.cumsum(self.k)])
+        c = np.arange(1, self.n_items)
+        lb = _rate_loglik(ck[c], cn[c], self.rates)
+        la = _rate_loglik(ck[-1] - ck[c], cn[-1] - cn[c], self.rates)
+        log_joint = lb[:, :, None] + la[:, None, :]
+        table = np.exp(log_joint - log_joint.max()) * self.pair[None, :, :]
+        return table / table.sum()
 
     def marginal(self) -> np.ndarray:
         """P(change at item i) for i = 0..N-1 (item 0 always 0)."""
         return np.concatenate([[0.0], self.rate_marginals()[0].sum(1)])
 
+    def binomial_table(self, n_requests: int) -> np.ndarray:
+        """P(k | rate) for k = 0..n, one row per grid rate (cached per n)."""
+        lik = self._lik.get(n_requests)
+        if lik is None:
+            lik = self._lik[n_requests] = stats.binom.pmf(np.arange(n_requests + 1)[None, :],
+                                                          n_requests, self.rates[:, None])
+        return lik
+
     def information_gain(self, n_requests: int) -> np.ndarray:
         """Expected information (bits) about c from a probe of n requests on each item."""
         m_before, m_after = self.rate_marginals()
-        wc = m_before.sum(1)
-        lik = self._lik.get(n_requests)
-        if lik is None:  # P(k | rate) for k = 0..n, one row per grid rate
-            lik = self._lik[n_requests] = stats.binom.pmf(np.arange(n_requests + 1)[None, :],
-                                                          n_requests, self.rates[:, None])
-        q_before, q_after = m_before @ lik, m_after @ lik  # P(c, k) by the probed item's regime
-        def cond_entropy(q: np.ndarray) -> np.ndarray:  # -sum_k P(c,k) log P(k|c); 0 where P(c) = 0
-            given = np.divide(q, wc[:, None], out=np.ones_like(q), where=wc[:, None] > 0)
-            return -special.xlogy(q, given).sum(1)
+        return information_gain_of(m_before[None], m_after[None], self.binomial_table(n_requests))[0]
 
-        h_before, h_after = cond_entropy(q_before), cond_entropy(q_after)
+    def information_gain_with(self, extra_n: np.ndarray, extra_k: np.ndarray,
+                              n_requests: int) -> np.ndarray:
+        """``information_gain`` after adding each row of (extra_n, extra_k) (shape (F, N)) to the
+        counts: F hypothetical futures at once, shape (F, N)."""
+        before, after = rate_marginals_of(self.rates, self.pair, self.n[None] + extra_n,
+                                          self.k[None] + extra_k)
+        return information_gain_of(before, after, self.binomial_table(n_requests))
 
-        def prefix(a: np.ndarray) -> np.ndarray:  # prefix[j] = sum over c <= j (first j rows)
-            return np.concatenate([np.zeros((1,) + a.shape[1:]), np.cumsum(a, axis=0)])
 
-        pk = prefix(q_after) + (q_before.sum(0) - prefix(q_before))  # item j is "after" iff c <= j
-        h_k_given_c = prefix(h_after) + (h_before.sum() - prefix(h_before))
-        h_k = -special.xlogy(pk, pk).sum(1)
-        return np.maximum(h_k - h_k_given_c, 0.0) / math.log(2)
+def rate_marginals_of(rates: np.ndarray, pair: np.ndarray, n: np.ndarray,
+                      k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ChangePointPosterior.rate_marginals`` for F count vectors at once: n, k of shape (F, N);
+    returns two (F, N-1, m) arrays."""
+    cn = np.concatenate([np.zeros((n.shape[0], 1), n.dtype), np.cumsum(n, 1)], 1)
+    ck = np.concatenate([np.zeros((k.shape[0], 1), k.dtype), np.cumsum(k, 1)], 1)
+    c = np.arange(1, n.shape[1])
+
+    def loglik(kk: np.ndarray, nn: np.ndarray) -> np.ndarray:  # (F, N-1, m), up to a constant
+        return special.xlogy(kk[..., None], rates) + special.xlog1py((nn - kk)[..., None], -rates)
+
+    lb = loglik(ck[:, c], cn[:, c])
+    la = loglik(ck[:, -1:] - ck[:, c], cn[:, -1:] - cn[:, c])
+    mb, ma = lb.max(2, keepdims=True), la.max(2, keepdims=True)  # finite: rates > 0 exist
+    eb, ea = np.exp(lb - mb), np.exp(la - ma)
+    scale = np.exp(mb + ma - (mb + ma).max(1, keepdims=True))
+    before = eb * (ea @ pair.T) * scale
+    after = ea * (eb @ pair) * scale
+    total = before.sum((1, 2), keepdims=True)
+    return before / total, after / total
+
+
+def information_gain_of(m_before: np.ndarray, m_after: np.ndarray, lik: np.ndarray) -> np.ndarray:
+    """Expected bits about c from one probe on each item, for F posteriors at once: the rate
+    marginals are (F, N-1, m), ``lik`` is P(k | rate) (m, n+1); returns (F, N)."""
+    wc = m_before.sum(2)  # P(c), (F, N-1)
+    q_before, q_after = m_before @ lik, m_after @ lik  # P(c, k) by the probed item's regime
+
+    def cond_entropy(q: np.ndarray) -> np.ndarray:  # -sum_k P(c,k) log P(k|c); 0 where P(c) = 0
+        given = np.divide(q, wc[..., None], out=np.ones_like(q), where=wc[..., None] > 0)
+        return -special.xlogy(q, given).sum(2)
+
+    h_before, h_after = cond_entropy(q_before), cond_entropy(q_after)
+
+    def prefix(a: np.ndarray) -> np.ndarray:  # prefix[:, j] = sum over c <= j (first j rows)
+        return np.concatenate([np.zeros((a.shape[0], 1) + a.shape[2:]), np.cumsum(a, axis=1)], 1)
+
+    # item j is "after" iff c <= j
+    pk = prefix(q_after) + (q_before.sum(1, keepdims=True) - prefix(q_before))
+    h_k_given_c = prefix(h_after) + (h_before.sum(1, keepdims=True) - prefix(h_before))
+    h_k = -special.xlogy(pk, pk).sum(2)
+    return np.maximum(h_k - h_k_given_c, 0.0) / math.log(2)

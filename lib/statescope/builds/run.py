@@ -3,8 +3,11 @@
 What it does: ``run_cell`` runs one trigger-vs-control experiment (``statescope.verdict.reproduce``) in the
 build's own interpreter (``python -m statescope.builds run-cell REQUEST.json``; the build side is
 ``statescope.builds.cell``), writing the results store and ``cell.json``; this process never
-imports the build's vLLM. ``build_matrix`` runs cells across builds (a build that fails to install
-or run fails its row only; each row carries the build's source census, ``census``); ``plant_regression`` adds the PLANTED regression patch from a chosen
+imports the build's vLLM. Its three parts (``write_cell_request``, ``cell_command``,
+``read_cell_result``) are public so that ``statescope.cluster.cells`` launches the same cell
+inside a Ray task. ``build_matrix`` runs cells across builds (a build that fails to install
+or run fails its row only; each row carries the build's source census, ``census``);
+``plant_regression`` adds the PLANTED regression patch from a chosen
 build on; ``build_probe`` turns cells into a bisection probe (``statescope.bisect``).
 
 What it deliberately does not do: install builds itself (``statescope.builds.install``), decide
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from statescope.builds.install import _clean_env, ensure_build
-from statescope.builds.spec import REPO, BuildFailed, BuildSpec
+from statescope.builds.spec import REPO, Build, BuildFailed, BuildSpec
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.tables import RecordsTable
 
@@ -62,6 +65,24 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
     spec = BuildSpec.parse(spec)
     build = ensure_build(spec, installer=installer)
     run_dir = Path(store_root).resolve() / (run_id or new_run_id("build"))
+    request = write_cell_request(spec, run_dir, preset=preset, seed=seed, unit=unit, control=control,
+                                 trigger_set=trigger_set, model=model, geometry=geometry)
+    argv, env = cell_command(build, request)
+    t0 = time.perf_counter()
+    with open(run_dir / "cell.log", "wb") as log:
+        try:
+            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    return read_cell_result(spec, run_dir, rc, time.perf_counter() - t0)
+
+
+def write_cell_request(spec: BuildSpec, run_dir: Path, *, preset: str = "smoke", seed: int = 0,
+                       unit: str = "episode", control: str = "reference",
+                       trigger_set: dict | None = None, model: str | None = None,
+                       geometry: str | None = None) -> Path:
+    """Create ``run_dir`` and write the request the build side reads (``cell_request.json``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     request = {"spec": spec.text,
                "preset": preset, "seed": seed, "unit": unit, "control": control,
@@ -69,18 +90,19 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
                "trigger_set": trigger_set or {}, "out": str(run_dir / "cell.json"),
                "geometry": geometry}
     (run_dir / "cell_request.json").write_text(json.dumps(request, indent=2))
-    t0 = time.perf_counter()
-    with open(run_dir / "cell.log", "wb") as log:
-        try:
-            rc = subprocess.run([str(build.python), "-m", "statescope.builds", "run-cell",
-                                 str(run_dir / "cell_request.json")], stdout=log, stderr=subprocess.STDOUT,
-                                # This checkout's statescope wins over the build's editable
-                                # install, which may point at the checkout that created it.
-                                env=_clean_env({"VLLM_LOGGING_LEVEL": "WARNING",
-                                                "PYTHONPATH": str(REPO / "lib")}), cwd=REPO,
-                                timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
+    return run_dir / "cell_request.json"
+
+
+def cell_command(build: Build, request: Path) -> tuple[list[str], dict]:
+    """The build interpreter's command line and environment for one cell request."""
+    # This checkout's statescope wins over the build's editable install, which may point at the
+    # checkout that created it.
+    env = _clean_env({"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(REPO / "lib")})
+    return [str(build.python), "-m", "statescope.builds", "run-cell", str(request)], env
+
+
+def read_cell_result(spec: BuildSpec, run_dir: Path, rc: int, seconds: float) -> CellResult:
+    """The ``CellResult`` a finished build process left in ``run_dir`` (EnvironmentBroken if none)."""
     out = run_dir / "cell.json"
     if rc != 0 or not out.is_file():
         lines = [l for l in (run_dir / "cell.log").read_text(errors="replace").splitlines() if l.strip()]
@@ -88,7 +110,7 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
                                 f"{lines[-1] if lines else 'no output'} (log: {run_dir / 'cell.log'})")
     cell = json.loads(out.read_text())
     return CellResult(**cell, run_dir=str(run_dir), log=str(run_dir / "cell.log"),
-                      seconds=round(time.perf_counter() - t0, 1))
+                      seconds=round(seconds, 1))
 
 
 class BuildMatrix(RecordsTable):

@@ -16,6 +16,7 @@ from typing import Any
 
 from statescope.bisect.search import bayesian_bisect, bisect_settings, plain_bisect
 from statescope.bisect.sim import FlakyOracle
+from statescope.cli.cluster import add_cluster_arguments, bisect_on_ray
 from statescope.errors import InputError
 
 
@@ -86,6 +87,9 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         eps, steps = PRESETS[args.preset][:2] if args.preset in PRESETS else (20, 1)
         kw["requests_per_probe"] = {"episode": eps, "request": eps * steps}.get(args.unit, 1) \
             if not args.simulate else 20
+    r = bisect_on_ray(args, kw["requests_per_probe"])  # None without --ray
+    if r is not None:
+        return _report(r, args)
     if args.simulate:
         n, change, before, after = _simulated(args.simulate)
         items, probe = range(n), FlakyOracle(n, change, before, after, seed=args.seed)
@@ -114,6 +118,10 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
 
         r.census = {args.build: build_brief(args.build)} if args.settings else {
             label: build_brief(item) for label, item in zip(labels, items)}
+    return _report(r, args)
+
+
+def _report(r, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
     else:
@@ -149,5 +157,6 @@ def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="plain bisection (>= 1 failure = bad)")
     p.add_argument("--seed", type=int, default=0, help="with --simulate")
     add_cell_arguments(p)
+    add_cluster_arguments(p, matrix=False)
     p.set_defaults(func=_cmd_bisect)
     return p

@@ -1,4 +1,5 @@
-"""Command line of builds: ``statescope build add|list|remove`` and ``statescope matrix``.
+"""Command line of builds: ``statescope build add|list|remove`` and ``statescope matrix`` (``--ray``:
+``statescope.cli.cluster``).
 
 What it does: registers those subcommands and ``statescope build census``
 (``statescope.cli.census``) (``add_build_subcommands``, called from
@@ -48,10 +49,17 @@ def check_cell_arguments(args: argparse.Namespace) -> None:
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
     check_cell_arguments(args)
-    m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
-                     store_root=args.runs, installer=args.installer)
-    print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else m.frame()[
-        ["build", "status", "vllm", "failed", "units", "outcome", "census", "detail"]].to_string(index=False))
+    from statescope.cli.cluster import matrix_on_ray
+
+    m = matrix_on_ray(args)  # None without --ray
+    if m is None:
+        m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
+                         store_root=args.runs, installer=args.installer)
+    frame = m.frame()
+    cols = ["build", "settings", "seed", "status", "vllm", "failed", "units", "outcome", "attempts",
+            "census", "detail"]
+    print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else
+          frame[[c for c in cols if c in frame]].to_string(index=False))
     return 0 if all(r["status"] == "ok" for r in m.rows) else 1
 
 
@@ -83,6 +91,9 @@ def add_build_subcommands(subparsers: Any) -> None:
     m = subparsers.add_parser("matrix", help="one experiment per build; failed builds fail their row")
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")
     add_cell_arguments(m)
+    from statescope.cli.cluster import add_cluster_arguments
+
+    add_cluster_arguments(m, matrix=True)
     m.set_defaults(func=_cmd_matrix)
 
 

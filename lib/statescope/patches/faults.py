@@ -23,7 +23,8 @@ request has already produced ``at_output_token`` tokens. Kinds:
 
 Requests are selected by ``prompt_shas`` (``capture_spec.prompt_sha`` of the prompt token ids), by
 ``req_ids`` (vLLM request ids, matched whole or by the part before the random ``-suffix``), or else
-by a seeded hash of the id (``rate``). Every planted fault is kept in
+by a seeded hash of the id's counter part (``rate``; the random suffix is left out so a re-run of
+a cell plants the same requests). Every planted fault is kept in
 ``spec.planted`` and logged to ``<out>/faults.jsonl`` when ``out`` is set, so results can be
 labelled as planted.
 
@@ -84,7 +85,10 @@ class FaultSpec:
                 prompt_sha(list(prompt_token_ids)) in self.prompt_shas
         if self.req_ids is not None:
             return any(req_id == r or req_id.split("-", 1)[0] == r for r in self.req_ids)
-        digest = hashlib.sha256(f"{self.seed}:{req_id}".encode()).digest()
+        # vLLM's offline ids are "<counter>-<random suffix>": hash the counter, so a re-run of
+        # the same cell plants the same requests (server ids have no counter: hash them whole).
+        counter = req_id.split("-", 1)[0]
+        digest = hashlib.sha256(f"{self.seed}:{counter if counter.isdigit() else req_id}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < self.rate
 
     def done(self, req_id: str) -> bool:
