@@ -1,4 +1,4 @@
-"""``statescope workload`` and ``statescope reproduce``: write a trace; trigger arm vs control arm.
+"""``statescope reproduce``: trigger arm vs control arm on a trace (``statescope workload`` writes one).
 
 What it does: parses the arguments (engine overrides through ``statescope.cli.assignments``),
 builds the arms and calls ``statescope.verdict.reproduce.reproduce``; prints the verdict (``--json``
@@ -25,30 +25,23 @@ def _config_overrides(pairs: list[str], where: str) -> dict:
     return parse_assignments(pairs, where, [f.name for f in dataclasses.fields(EngineConfig)])
 
 
-def cmd_workload(args: argparse.Namespace) -> int:
-    from statescope.workload.episodes import preset_trace
-    from statescope.workload.trace import write_trace
-
-    steps = preset_trace(args.preset, vision=args.vision, seed=args.seed, geometry=args.geometry)
-    path = write_trace(steps, args.out)
-    info = {"trace": str(path), "requests": len(steps),
-            "episodes": len({s.episode for s in steps}), "images": sum(s.n_images for s in steps)}
-    print(json.dumps(info, indent=2) if args.json else
-          f"wrote {info['requests']} requests ({info['episodes']} episodes) to {path}")
-    return 0
-
-
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import time
 
     from statescope.engine.offline import model_path
     from statescope.patches.faults import FaultSpec
-    from statescope.verdict.reproduce import reproduce, standard_arms
+    from statescope.progress import Progress
+    from statescope.verdict.reproduce import replay_mode, reproduce, standard_arms
     from statescope.workload.episodes import preset_trace
+    from statescope.workload.importer import read_manifest
     from statescope.workload.trace import read_trace
 
-    trace = read_trace(args.trace) if args.trace else preset_trace(args.preset,
-                                                                   geometry=args.geometry)
+    if args.trace:
+        trace, info = read_trace(args.trace), read_manifest(args.trace) or {"trace": args.trace}
+    else:
+        trace = preset_trace(args.preset, vision=args.vision, geometry=args.geometry)
+        info = {"preset": args.preset, "vision": args.vision, "geometry": args.geometry}
+    concurrency = args.concurrency or info.get("max_concurrency") or 32
     trigger, control = standard_arms(args.control)
     common = {"model": str(model_path(args.model))} if args.model else {}
     trigger.config = trigger.config.replace(**common, **_config_overrides(args.trigger_set, "--trigger-set"))
@@ -58,13 +51,34 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         rate = float(rest) if rest else 1.0
         trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
     trigger.copy_semantics = args.copy_semantics
-    result = reproduce(trigger, control, trace, store_root=args.runs,
-                       run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
-                       runner=args.runner, unit=args.unit, concurrency=args.concurrency,
-                       episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
+    mode = replay_mode(trace, args.replay)
+    with Progress(2 * len(trace), "reproduce", "requests") as bar:
+        bar.note(f"{len(trace)} requests x 2 arms, replay {mode}, concurrency {concurrency}, "
+                 f"model {trigger.config.model}")
+        result = reproduce(trigger, control, trace, store_root=args.runs,
+                           run_id=args.run_id or time.strftime("repro-%Y%m%d-%H%M%S"),
+                           runner=args.runner, unit=args.unit, concurrency=concurrency,
+                           episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha,
+                           replay=mode, trace_info=info, progress=bar)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         print(result.verdict.outcome.upper() + ": " + result.verdict.explanation)
+        print(engagement_line(result, trace))
         print(f"records: {result.run_dir}")
     return 0 if result.verdict.outcome in ("no evidence", "corruption detected") else 1
+
+
+def engagement_line(result, trace) -> str:
+    """What the trigger arm really exercised: cache hits, accepted drafts, images."""
+    m = result.trigger.metrics
+    q, h = m.get("prefix_cache_queries", 0), m.get("prefix_cache_hits", 0)
+    d, a = m.get("spec_draft_tokens", 0), m.get("spec_accepted_tokens", 0)
+    rows = result.trigger.rows
+    cached = sum(1 for r in rows if (r.get("num_cached_tokens") or 0) > 0)
+    images = sum(s.n_images for s in trace)
+    line = (f"trigger arm: prefix-cache hits {h}/{q} tokens ({cached}/{len(rows)} requests "
+            f"with cached tokens), drafts accepted {a}/{d}")
+    if images:
+        line += f", {images} images in the trace"
+    return line
