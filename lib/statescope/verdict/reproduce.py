@@ -20,6 +20,7 @@ the verdict's explanation, so such a run can never pass for a real one.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,10 +30,11 @@ from statescope.engine.config import EngineConfig
 from statescope.engine.runners import StepRequest, run_waves
 from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
+from statescope.progress import progress_or_null
 from statescope.records import ResultsStore, config_hash, load_records
 from statescope.verdict.detect import classify_output, compare_to_control
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
-from statescope.workload.trace import TraceStep, build_messages, episodes_of
+from statescope.workload.trace import TraceStep, episodes_of, step_messages
 
 UNITS = ("request", "episode", "engine_lifetime")
 
@@ -71,16 +73,17 @@ class ArmRun:
 
 
 
-def trace_next_step(trace: list[TraceStep], padder=None):
-    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
-    with a ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
+def trace_next_step(trace: list[TraceStep], padder=None, replay: str | None = None):
+    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers
+    (agent_loop) or as recorded (as_logged; ``replay=None``: the trace's own mode); steps with a
+    ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
     by_episode = episodes_of(trace)
 
     def next_step(episode: str, history: list[dict]) -> StepRequest | None:
         steps, k = by_episode[episode], len(history)
         if k >= len(steps):
             return None
-        msgs = build_messages(steps, k, [r["text"] for r in history])
+        msgs = step_messages(steps, k, [r["text"] for r in history], replay)
         geo = steps[k].geometry
         if geo and padder is not None:
             msgs, _ = padder.pad(msgs, geo["align"], geo.get("offset", 0))
@@ -132,23 +135,38 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
 
 
 
+def replay_mode(trace: list[TraceStep], replay: str | None = None) -> str:
+    """The replay mode a run of ``trace`` uses: ``replay`` when given, else the trace's own."""
+    from statescope.workload.trace import REPLAYS
+
+    mode = replay or (trace[0].replay if trace else "agent_loop")
+    if mode not in REPLAYS:
+        raise InputError(f"replay={mode!r}: expected one of {REPLAYS}")
+    return mode
+
+
 def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: str = "offline",
             concurrency: int = 32, episodes_per_lifetime: int | None = None,
-            all_at_once: bool = False) -> ArmRun:
+            all_at_once: bool = False, replay: str | None = None, progress=None) -> ArmRun:
     """Run every episode of ``trace`` through one fresh engine for ``arm`` (resume-safe)."""
     episodes = list(episodes_of(trace))
     chunk = episodes_per_lifetime or len(episodes)
     lifetimes = {ep: i // chunk for i, ep in enumerate(episodes)}
     max_tokens = max(s.max_tokens for s in trace)
+    bar = progress_or_null(progress)
+    t0 = time.perf_counter()
+    bar.note(f"{arm.name} arm: starting the engine ({runner})")
     engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
+    bar.note(f"{arm.name} arm: engine ready in {time.perf_counter() - t0:.0f} s")
     try:
         padder = _padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
-            run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder), store,
+            run_waves(engine, episodes[start:start + chunk],
+                      trace_next_step(trace, padder, replay_mode(trace, replay)), store,
                       build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
-                      all_at_once=all_at_once)
+                      all_at_once=all_at_once, progress=progress)
         metrics, resolved = engine.metrics(), engine.resolved()
     finally:
         engine.close()
@@ -262,24 +280,32 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
               run_id: str, runner: str = "offline", unit: str = "episode",
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
               alpha: float = 0.01, action_syntax: bool | None = None,
-              control_run: ArmRun | None = None) -> ReproduceResult:
+              control_run: ArmRun | None = None, replay: str | None = None,
+              trace_info: dict | None = None, progress=None) -> ReproduceResult:
     """Run both arms (control first) and decide. ``action_syntax=None``: grade action syntax only
     when the control speaks the GUI-agent language (≥ 90% valid actions). ``control_run`` re-uses
-    a control arm already run on the same trace (its records stay where they were stored)."""
+    a control arm already run on the same trace (its records stay where they were stored).
+    ``replay`` overrides the trace's replay mode; the mode used, and ``trace_info`` (an imported
+    trace's manifest), go into the run's manifest. ``progress`` (``statescope.progress``) counts
+    finished requests of both arms."""
     from statescope.workload import guilang
 
     if trigger.name == control.name:
         raise InputError("reproduce: trigger and control arms need different names")
+    mode = replay_mode(trace, replay)
     store = ResultsStore(Path(store_root), run_id)
     with store:
         store.start(resolved_config={"trigger": trigger.config.to_dict(),
                                      "control": control.config.to_dict()},
-                    extra={"labels": trigger.labels + control.labels, "runner": runner})
+                    extra={"labels": trigger.labels + control.labels, "runner": runner,
+                           "replay": mode, "trace": trace_info or {}})
         ctl = control_run or run_arm(control, trace, store, runner=runner,
                                      concurrency=concurrency,
-                                     episodes_per_lifetime=episodes_per_lifetime)
+                                     episodes_per_lifetime=episodes_per_lifetime, replay=mode,
+                                     progress=progress)
         trg = run_arm(trigger, trace, store, runner=runner, concurrency=concurrency,
-                      episodes_per_lifetime=episodes_per_lifetime)
+                      episodes_per_lifetime=episodes_per_lifetime, replay=mode,
+                      progress=progress)
     if action_syntax is None:
         valid = [guilang.is_valid_action(r["text"]) for r in ctl.rows]
         action_syntax = bool(valid) and sum(valid) / len(valid) >= 0.9
