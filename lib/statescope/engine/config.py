@@ -100,6 +100,11 @@ class EngineConfig:
         for name in ("async_scheduling", "enable_chunked_prefill", "max_num_batched_tokens"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
+        from statescope.engine.modeldir import tokenizer_dir
+
+        tok = tokenizer_dir(self.model)
+        if tok != Path(self.model):
+            kw["tokenizer"] = str(tok)  # a model with its tokenizer in a folder of its own (tiny-vl)
         kw.update(self.extra)
         return kw
 

@@ -1,7 +1,8 @@
 """Checks a model directory before vLLM sees it, so bad input gives one clear line.
 
 What it does: ``check_model_dir(path)`` verifies the directory exists, holds a readable
-``config.json`` naming an architecture, weights (``*.safetensors``) and a tokenizer, and — for
+``config.json`` naming an architecture, weights (``*.safetensors``) and a tokenizer (in the
+directory or its ``tokenizer/`` folder: ``tokenizer_dir``), and — for
 Qwen3.5/Qwen3-Next hybrids — that the GDN geometry is one the CPU build's kernels accept when vLLM
 runs on the CPU (linear key/value head dim 128, bf16). Returns the parsed text config.
 
@@ -15,7 +16,25 @@ from pathlib import Path
 
 from statescope.errors import InputError
 
+TOKENIZER_SUBDIR = "tokenizer"
 HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
+
+
+def tokenizer_dir(path: str | Path) -> Path:
+    """Where a model's tokenizer lives: its ``tokenizer/`` folder when it has one, else the model
+    directory. (transformers forces its own Qwen3.5 tokenizer class on a ``qwen3_5`` model
+    directory, whose pre-tokenizer splits digits; a folder of its own keeps a trained BPE intact.)"""
+    root = Path(path)
+    sub = root / TOKENIZER_SUBDIR
+    return sub if (sub / "tokenizer.json").is_file() else root
+
+
+def is_multimodal(path: str | Path) -> bool:
+    """Whether the model directory's config declares a vision tower (``vision_config``)."""
+    try:
+        return "vision_config" in json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 def check_model_dir(path: str | Path, *, cpu: bool | None = None) -> dict:
@@ -36,8 +55,10 @@ def check_model_dir(path: str | Path, *, cpu: bool | None = None) -> dict:
                          "['Qwen3_5ForCausalLM'])")
     if not any(root.glob("*.safetensors")):
         raise InputError(f"model directory {root}: no *.safetensors weights found")
-    if not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
-        raise InputError(f"model directory {root}: no tokenizer.json/tokenizer_config.json")
+    tok = tokenizer_dir(root)
+    if not (tok / "tokenizer.json").is_file() and not (tok / "tokenizer_config.json").is_file():
+        raise InputError(f"model directory {root}: no tokenizer.json/tokenizer_config.json "
+                         f"(in the directory or its {TOKENIZER_SUBDIR}/ folder)")
     text = cfg.get("text_config", cfg)
     if cpu is None:
         cpu = _running_on_cpu()

@@ -98,7 +98,9 @@ class OfflineRunner(_ClosingContext):
         self._multimodal = is_multimodal(self.config.model)
         self.last_call: dict = {}
 
-    def _engine_prompt(self, prompt: Prompt, index: int) -> str | list[int] | dict:
+    def engine_prompt(self, prompt: Prompt, index: int = 0) -> str | list[int] | dict:
+        """What ``OfflineEngine.generate`` is given for ``prompt`` (chat: rendered and tokenized;
+        with images on a vision model: the rendered text plus the decoded images)."""
         kind = prompt_kind(prompt, index)
         if kind != "chat":
             return prompt if kind == "text" else list(prompt)
@@ -122,7 +124,7 @@ class OfflineRunner(_ClosingContext):
     def generate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                  ignore_eos: bool = False) -> list[RequestRecord]:
         t0 = time.perf_counter()
-        inputs = [self._engine_prompt(p, i) for i, p in enumerate(prompts)]
+        inputs = [self.engine_prompt(p, i) for i, p in enumerate(prompts)]
         records = self.engine.generate(inputs, max_tokens=max_tokens, logprobs=logprobs,
                                        ignore_eos=ignore_eos)
         engine_s = records[0].latency_s if records else 0.0
