@@ -7,9 +7,9 @@ one-off stage line ("starting the trigger engine") above the bar. ``NullProgress
 methods and does nothing: library code takes an optional progress object and never prints on its
 own, so notebooks show only what they display.
 
-The ETA is the rate so far (done / elapsed since the first ``advance`` baseline, which a resumed
-run sets with ``start_from``) times what is left; engine starts between arms make it pessimistic
-early on, which is said by the "~".
+The ETA is the rate so far times what is left; the rate's clock starts at the first ``advance``
+(work done before — a resumed run's, ``start_from`` — does not count) and stops from a ``note``
+(an engine starting between arms) to the next ``advance``. It is an estimate, hence the "~".
 
 What it deliberately does not do: decide what counts as work (callers advance it), or write to
 stdout (reports and ``--json`` live there).
@@ -41,7 +41,8 @@ class Progress:
         self.lines_when_piped = lines_when_piped  # False: off a terminal, only notes are printed
         self.done = 0
         self.t0 = time.monotonic()
-        self._rate_t0, self._rate_done = self.t0, 0
+        self._rate_t0: float | None = None   # the rate's clock: from the first advance on
+        self._rate_done, self._paused_s, self._pause_from = 0, 0.0, None
         self._last_draw, self._last_tenth, self._last_line_t = 0.0, -1, self.t0
         self._drawn, self._printed_done = False, -1
         self._lock = threading.Lock()
@@ -51,7 +52,7 @@ class Progress:
         """Work already done before this process (a resumed run): counted, not used for the ETA."""
         with self._lock:
             self.done = max(self.done, int(done))
-            self._rate_t0, self._rate_done = time.monotonic(), self.done
+            self._rate_t0, self._rate_done, self._paused_s = None, self.done, 0.0
         self._draw(force=True)
 
     def add_total(self, n: int) -> None:
@@ -60,7 +61,13 @@ class Progress:
 
     def advance(self, n: int = 1) -> None:
         with self._lock:
+            now = time.monotonic()
             self.done += n
+            if self._rate_t0 is None:
+                self._rate_t0, self._rate_done = now, self.done  # this advance's work is unclocked
+            elif self._pause_from is not None:
+                self._paused_s += now - self._pause_from
+            self._pause_from = None
         self._draw()
 
     def note(self, text: str) -> None:
@@ -71,6 +78,8 @@ class Progress:
             self.stream.write(f"{self.label + ': ' if self.label else ''}{text}\n")
             self.stream.flush()
             self._drawn = False
+            if self._rate_t0 is not None and self._pause_from is None:
+                self._pause_from = time.monotonic()
         self._draw(force=True)
 
     def close(self) -> None:
@@ -89,9 +98,11 @@ class Progress:
     # -- drawing ------------------------------------------------------------------------------
     def eta_s(self) -> float | None:
         new = self.done - self._rate_done
-        if new <= 0 or self.total <= self.done:
+        if self._rate_t0 is None or new <= 0 or self.total <= self.done:
             return None
-        return (time.monotonic() - self._rate_t0) / new * (self.total - self.done)
+        end = self._pause_from if self._pause_from is not None else time.monotonic()
+        clocked = max(end - self._rate_t0 - self._paused_s, 1e-3)
+        return clocked / new * (self.total - self.done)
 
     def line(self) -> str:
         total = max(self.total, 1)

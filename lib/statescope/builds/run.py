@@ -54,8 +54,9 @@ class CellResult:
 def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, unit: str = "episode",
              control: str = "reference", store_root: str | Path = "runs", run_id: str | None = None,
              trigger_set: dict | None = None, model: str | None = None, installer: str = "auto",
-             geometry: str | None = None, timeout_s: float = 3600) -> CellResult:
-    """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken."""
+             geometry: str | None = None, timeout_s: float = 3600, progress=None) -> CellResult:
+    """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken.
+    ``progress`` (``statescope.progress``) advances as the cell's records are written."""
     from statescope.records import new_run_id
 
     spec = BuildSpec.parse(spec)
@@ -70,16 +71,13 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
     (run_dir / "cell_request.json").write_text(json.dumps(request, indent=2))
     t0 = time.perf_counter()
     with open(run_dir / "cell.log", "wb") as log:
-        try:
-            rc = subprocess.run([str(build.python), "-m", "statescope.builds", "run-cell",
+        proc = subprocess.Popen([str(build.python), "-m", "statescope.builds", "run-cell",
                                  str(run_dir / "cell_request.json")], stdout=log, stderr=subprocess.STDOUT,
                                 # This checkout's statescope wins over the build's editable
                                 # install, which may point at the checkout that created it.
                                 env=_clean_env({"VLLM_LOGGING_LEVEL": "WARNING",
-                                                "PYTHONPATH": str(REPO / "lib")}), cwd=REPO,
-                                timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
+                                                "PYTHONPATH": str(REPO / "lib")}), cwd=REPO)
+        rc = _wait_counting(proc, run_dir / "records.jsonl", timeout_s, progress)
     out = run_dir / "cell.json"
     if rc != 0 or not out.is_file():
         lines = [l for l in (run_dir / "cell.log").read_text(errors="replace").splitlines() if l.strip()]
@@ -88,6 +86,36 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
     cell = json.loads(out.read_text())
     return CellResult(**cell, run_dir=str(run_dir), log=str(run_dir / "cell.log"),
                       seconds=round(time.perf_counter() - t0, 1))
+
+
+def _wait_counting(proc: subprocess.Popen, records: Path, timeout_s: float, progress) -> int:
+    """Wait for the cell; every second, advance ``progress`` by the records written since."""
+    seen, deadline = 0, time.monotonic() + timeout_s
+    while True:
+        try:
+            rc = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if progress is not None and records.is_file():
+            with records.open("rb") as fh:
+                n = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+            if n > seen:
+                progress.advance(n - seen)
+                seen = n
+        if rc is not None:
+            return rc
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            return 124
+
+
+def cell_requests(preset: str) -> int:
+    """Requests one cell sends (both arms) for a preset, for progress totals."""
+    from statescope.workload.episodes import PRESETS
+
+    eps, steps = PRESETS[preset][:2] if preset in PRESETS else (1, 1)
+    return 2 * eps * steps
 
 
 class BuildMatrix(RecordsTable):
@@ -104,13 +132,18 @@ class BuildMatrix(RecordsTable):
                        for l in marked) + super()._repr_html_()
 
 
-def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildMatrix:
-    """``run_cell`` for every build; a build that fails to install or run fails its row only."""
+def build_matrix(specs: Sequence[BuildSpec | str], *, progress=None,
+                 **cell_kwargs: Any) -> BuildMatrix:
+    """``run_cell`` for every build; a build that fails to install or run fails its row only.
+    ``progress`` gets a stage line per build and counts the cells' requests."""
     from statescope.verdict.stats import clopper_pearson
 
     parsed = [BuildSpec.parse(s) for s in specs]  # bad spec text is the caller's error: raise now
     rows = []
-    for spec in parsed:
+    for i, spec in enumerate(parsed):
+        if progress is not None:
+            progress.note(f"build {i + 1}/{len(parsed)}: {spec.label}")
+            cell_kwargs["progress"] = progress
         row: dict[str, Any] = {"build": spec.label, "status": "ok", "vllm": None, "failed": None,
                                "units": None, "rate": None, "outcome": None,
                                "labels": [p.label for p in spec.patches], "detail": None}

@@ -35,8 +35,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
-                     store_root=args.runs, installer=args.installer)
+    from statescope.builds.run import cell_requests
+    from statescope.progress import Progress
+
+    with Progress(len(args.specs) * cell_requests(args.preset), "matrix", "requests") as bar:
+        m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
+                         store_root=args.runs, installer=args.installer, progress=bar)
     print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else m.frame()[
         ["build", "status", "vllm", "failed", "units", "outcome", "detail"]].to_string(index=False))
     return 0 if all(r["status"] == "ok" for r in m.rows) else 1

@@ -55,14 +55,19 @@ def capture_command(args: argparse.Namespace) -> int:
     if args.copy_semantics:
         name, _, tile = args.copy_semantics.partition(":")
         cpu_kernels.set_copy_semantics(name, int(tile) if tile else cpu_kernels.DEFAULT_TILE_BYTES)
-    with OfflineEngine(config) as engine:
-        capture.install(spec)
-        try:
-            rows = run_episodes(engine, shared_prefix_episodes(args.episodes, args.steps,
-                                                               seed=args.seed),
-                                max_tokens=args.max_tokens)
-        finally:
-            dirs = capture.uninstall()
+    from statescope.progress import Progress
+
+    with Progress(args.episodes * args.steps, "capture", "requests") as bar:
+        bar.note(f"starting the engine ({config.model})")
+        with OfflineEngine(config) as engine:
+            bar.note(f"engine ready in {engine.startup_s:.0f} s; capturing ({spec.mode})")
+            capture.install(spec)
+            try:
+                rows = run_episodes(engine, shared_prefix_episodes(args.episodes, args.steps,
+                                                                   seed=args.seed),
+                                    max_tokens=args.max_tokens, progress=bar)
+            finally:
+                dirs = capture.uninstall()
     from statescope.capture.session import perturbation_report
 
     runs = [CaptureRun(d) for d in dirs]

@@ -28,7 +28,7 @@ def _config_overrides(pairs: list[str], where: str) -> dict:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     import time
 
-    from statescope.engine.offline import model_path
+    from statescope.engine.config import model_path
     from statescope.patches.faults import FaultSpec
     from statescope.progress import Progress
     from statescope.verdict.reproduce import replay_mode, reproduce, standard_arms

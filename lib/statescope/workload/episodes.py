@@ -54,8 +54,9 @@ def step_prompt(episode: Episode, step: int, system_repeat: int = 6) -> str:
 
 
 def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
-                 system_repeat: int = 6) -> list[dict]:
-    """Advance all episodes in waves (one step each per wave); returns one dict per request."""
+                 system_repeat: int = 6, progress=None) -> list[dict]:
+    """Advance all episodes in waves (one step each per wave); returns one dict per request.
+    ``progress`` (``statescope.progress``) advances by each finished wave."""
     rows = []
     n_steps = max(len(e.observations) for e in episodes)
     for step in range(n_steps):
@@ -67,6 +68,8 @@ def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
             row = rec.to_dict()
             row.update(episode=ep.episode_id, step=step)
             rows.append(row)
+        if progress is not None:
+            progress.advance(len(live))
     return rows
 
 

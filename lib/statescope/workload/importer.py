@@ -13,7 +13,8 @@ format, grouping, replay mode, counts, model, the concurrency the log's timestam
   ``episode_id``, ``episode``, ``session_id``, ``conversation_id``, ``trace_id``, ``thread_id`` at
   the top level or in ``metadata``), else by shared message prefix (``prefix``: a request joins the
   episode whose latest request's messages are a prefix of its own — an agent loop; ``root``: same
-  system + first user turn). Steps keep the log's order.
+  system + first user turn). Both match text only — images are left out, since agents commonly drop
+  older screenshots from the history they resend. Steps keep the log's order.
 * Images: ``image_url`` parts must be ``data:image/...;base64`` URLs or readable files (a path or
   ``file://`` URL, relative to the log's folder); files are embedded as data URLs so the trace is
   self-contained. Web URLs are refused (the replay must not depend on them).
@@ -107,25 +108,35 @@ def _first(obj: dict, meta: dict, names: tuple[str, ...]) -> tuple[str | None, A
 
 
 class _ImageCache:
-    """Recently checked image URLs (by sha1): an agent log repeats each screenshot every step."""
+    """Recently checked image URLs (by sha1): an agent log repeats a screenshot across steps.
+    Data URLs are remembered as checked (20 bytes each); a file's data URL is kept for the last
+    ``files`` files only, so the cache stays small whatever the log holds."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, files: int = 32) -> None:
         self.size, self.seen = size, OrderedDict()
+        self.files, self.file_urls = files, OrderedDict()
 
     def data_url(self, url: Any, base_dir: Path, field_name: str) -> str:
         key = hashlib.sha1(url.encode()).digest() if isinstance(url, str) else None
         if key is not None and key in self.seen:
             self.seen.move_to_end(key)
-            return self.seen[key] or url
+            return url
+        if key is not None and key in self.file_urls:
+            self.file_urls.move_to_end(key)
+            return self.file_urls[key]
         try:
             data = image_bytes(url, base_dir)
         except ValueError as exc:
             raise _Bad(field_name, str(exc)) from None
-        out = None if url.startswith("data:") else as_data_url(data)
-        self.seen[key] = out
-        if len(self.seen) > self.size:
-            self.seen.popitem(last=False)
-        return out or url
+        if url.startswith("data:"):
+            self.seen[key] = None
+            if len(self.seen) > self.size:
+                self.seen.popitem(last=False)
+            return url
+        self.file_urls[key] = as_data_url(data)
+        if len(self.file_urls) > self.files:
+            self.file_urls.popitem(last=False)
+        return self.file_urls[key]
 
 
 def _content(content: Any, where: str, images: _ImageCache, base_dir: Path) -> tuple[Any, int]:
@@ -196,8 +207,13 @@ def agent_loop_turns(messages: list[dict], step: int) -> tuple[str | None, Any] 
 
 
 def _digest(prev: bytes, message: dict) -> bytes:
-    canon = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha1(prev + canon.encode("utf-8")).digest()
+    """Chain digest of a message by role and *text*: images are left out, because agents commonly
+    drop older screenshots from the history they resend (the text history stays the same)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\x01".join(p["text"] for p in content if p.get("type") == "text")
+    text = f"{message.get('role')}\x00{content if content is not None else ''}"
+    return hashlib.sha1(prev + text.encode("utf-8", "surrogatepass")).digest()
 
 
 @dataclass
