@@ -191,3 +191,30 @@ def test_capture_and_diverge_work_on_the_vlm(vl_runner, tmp_path, monkeypatch):
                 and r.first_step is not None}
     assert shifted and diverged == shifted
     assert all(r.kinds == ["conv"] for r in div.itertuples() if r.prompt_sha in diverged)
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_cli_reproduce_with_screenshots_reports_on_stdout_and_progress_on_stderr(tmp_path):
+    """``statescope reproduce --model tiny-vl --vision``: two real engines, 1-3 screenshots per
+    request; stdout is the JSON report alone, stderr the progress (and no benign warnings)."""
+    import os
+    import subprocess
+    import sys
+
+    from statescope import quiet
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "statescope.cli.main", "reproduce", "--model",
+                        "tiny-vl", "--vision", "--preset", "smoke", "--runs", str(tmp_path),
+                        "--json"], capture_output=True, text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)  # nothing else on stdout
+    assert report["outcome"] in ("no evidence", "corruption detected")
+    assert "reproduce: [########################]  32/32 requests  100%" in r.stderr
+    assert not [line for line in r.stderr.splitlines() if quiet.is_benign(line)]
+    from pathlib import Path
+
+    manifest = json.loads((Path(report["run_dir"]) / "manifest.json").read_text())
+    assert manifest["extra"]["replay"] == "agent_loop" and manifest["extra"]["trace"]["vision"]
+    assert report["trigger"]["prefix_cache_hits"] > 0 and report["trigger"]["spec_accepted_tokens"] > 0
