@@ -109,8 +109,8 @@ steps[["req_id", "req_step", "num_computed_tokens", "num_scheduled_tokens", "num
 # The scheduler (engine-core side) logs each prefix-cache lookup: how long a hit the attention
 # group and the Mamba groups could each serve on their own, every step of the coordinator's
 # fixed-point search (`kind:max_length->hit`, `+drop` when the MTP last-block drop applied), and
-# the hit the request got. Here the prompts are fresh and shorter than one 384-token Mamba block,
-# so there is no full block to hit: every group reports 0.
+# the hit the request got. Here the prompts are fresh and shorter than one Mamba block (the
+# resolved `mamba_block_size` above), so there is no full block to hit: every group reports 0.
 
 # %%
 clean.prefix_hits()[["req_id", "num_prompt_tokens", "num_block_hashes", "attention_hit_tokens",

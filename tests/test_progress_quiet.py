@@ -136,3 +136,33 @@ def test_cli_json_stays_clean_and_verbose_is_accepted(tmp_path):
     for r in (quiet_run, loud):
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["requests"] == 16
+
+
+BENIGN_NOTEBOOK = f'''# %%
+import os, sys
+numa = {NUMA.replace("NUMA binding", "NUMA" + "@")!r}.replace("@", " binding")  # not in the source
+print(numa, file=sys.stderr)   # a stderr stream output, as the kernel forwards PyTorch's
+print({REAL!r}, file=sys.stderr)
+print("result line")
+
+# %%
+import time
+time.sleep(1.0)  # the kernel forwards file-descriptor output from a thread
+'''
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_rendered_notebooks_carry_no_stderr_box_for_benign_warnings(tmp_path, keep):
+    from statescope.share.render import run_notebook
+
+    src = tmp_path / "benign.py"
+    src.write_text(BENIGN_NOTEBOOK)
+    lines = io.StringIO()
+    result = run_notebook(src, tmp_path / "out", progress=Progress(2, "benign", "cells",
+                                                                    stream=lines, tty=True),
+                          keep_warnings=keep)
+    assert result["ok"], result["error"]
+    html = (tmp_path / "out" / "benign.html").read_text()
+    assert "result line" in html and "something the user must see" in html
+    assert ("NUMA binding" in html) is keep  # --verbose keeps it
+    assert "2/2 cells" in lines.getvalue()  # the cell bar advanced
