@@ -13,7 +13,6 @@ import argparse
 import json
 
 from statescope.cli.assignments import parse_assignments
-from statescope.errors import InputError
 
 
 def _config_overrides(pairs: list[str], where: str) -> dict:

@@ -34,17 +34,23 @@ order and bounds the concurrency by what the log shows), or keep responses that 
 """
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from statescope.errors import InputError
-from statescope.workload.images import as_data_url, image_bytes
+from statescope.workload.log_lines import (
+    BadField,
+    ImageCache,
+    body_of,
+    first_field,
+    lookup,
+    messages_of,
+    timestamp,
+)
 from statescope.workload.trace import REPLAYS, TRACE_VERSION
 
 FORMATS = ("auto", "openai-chat", "openai-batch")
@@ -52,7 +58,6 @@ ID_FIELDS = ("episode_id", "episode", "session_id", "conversation_id", "trace_id
 REQUEST_ID_FIELDS = ("request_id", "id", "custom_id")
 START_FIELDS = ("timestamp", "start_time", "started_at", "arrival_time", "created")
 END_FIELDS = ("end_timestamp", "end_time", "finished_at", "completed_at")
-ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_MAX_TOKENS = 64
 
 
@@ -71,117 +76,6 @@ def read_manifest(trace_path: str | Path) -> dict | None:
         return json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise InputError(f"{p}: not valid JSON ({exc.msg})") from exc
-
-
-class _Bad(Exception):
-    """A field-level problem inside one line; the importer adds file and line."""
-
-    def __init__(self, field: str, what: str) -> None:
-        super().__init__(what)
-        self.field, self.what = field, what
-
-
-def _timestamp(value: Any, field_name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise _Bad(field_name, f"expected a number (epoch seconds) or an ISO 8601 string, got {value!r}")
-    if isinstance(value, (int, float)):
-        return value / 1000.0 if value > 1e11 else float(value)  # epoch milliseconds
-    if isinstance(value, str):
-        try:
-            t = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise _Bad(field_name, f"expected an ISO 8601 time, got {value!r}") from None
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=_dt.timezone.utc)
-        return t.timestamp()
-    raise _Bad(field_name, f"expected a number or an ISO 8601 string, got {value!r}")
-
-
-def _first(obj: dict, meta: dict, names: tuple[str, ...]) -> tuple[str | None, Any]:
-    for name in names:
-        for where, src in (("", obj), ("metadata.", meta)):
-            if name in src and src[name] is not None:
-                return where + name, src[name]
-    return None, None
-
-
-class _ImageCache:
-    """Recently checked image URLs (by sha1): an agent log repeats a screenshot across steps.
-    Data URLs are remembered as checked (20 bytes each); a file's data URL is kept for the last
-    ``files`` files only, so the cache stays small whatever the log holds."""
-
-    def __init__(self, size: int = 4096, files: int = 32) -> None:
-        self.size, self.seen = size, OrderedDict()
-        self.files, self.file_urls = files, OrderedDict()
-
-    def data_url(self, url: Any, base_dir: Path, field_name: str) -> str:
-        key = hashlib.sha1(url.encode()).digest() if isinstance(url, str) else None
-        if key is not None and key in self.seen:
-            self.seen.move_to_end(key)
-            return url
-        if key is not None and key in self.file_urls:
-            self.file_urls.move_to_end(key)
-            return self.file_urls[key]
-        try:
-            data = image_bytes(url, base_dir)
-        except ValueError as exc:
-            raise _Bad(field_name, str(exc)) from None
-        if url.startswith("data:"):
-            self.seen[key] = None
-            if len(self.seen) > self.size:
-                self.seen.popitem(last=False)
-            return url
-        self.file_urls[key] = as_data_url(data)
-        if len(self.file_urls) > self.files:
-            self.file_urls.popitem(last=False)
-        return self.file_urls[key]
-
-
-def _content(content: Any, where: str, images: _ImageCache, base_dir: Path) -> tuple[Any, int]:
-    """Normalised content (image parts as {'url': data URL}) and its number of images."""
-    if content is None or isinstance(content, str):
-        return content, 0
-    if not isinstance(content, list):
-        raise _Bad(where, f"expected a string or a list of content parts, got {type(content).__name__}")
-    out, n_images = [], 0
-    for i, part in enumerate(content):
-        pw = f"{where}[{i}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            if not isinstance(part.get("text"), str):
-                raise _Bad(pw + ".text", "expected a string")
-            out.append({"type": "text", "text": part["text"]})
-        elif kind == "image_url":
-            inner = part.get("image_url")
-            url = inner.get("url") if isinstance(inner, dict) else inner
-            out.append({"type": "image_url",
-                        "image_url": {"url": images.data_url(url, base_dir, pw + ".image_url.url")}})
-            n_images += 1
-        else:
-            raise _Bad(pw + ".type", f"expected 'text' or 'image_url', got {kind!r} (other "
-                                     "modalities are not replayed)")
-    return out, n_images
-
-
-def _messages(body: dict, images: _ImageCache, base_dir: Path) -> tuple[list[dict], int]:
-    msgs = body.get("messages")
-    if msgs is None:
-        raise _Bad("messages", "missing (expected an OpenAI chat-completions request body)")
-    if not isinstance(msgs, list) or not msgs:
-        raise _Bad("messages", "expected a non-empty list of {'role', 'content'} messages")
-    out, n_images = [], 0
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _Bad(f"messages[{i}].role", f"expected one of {ROLES}, got "
-                                              f"{(m.get('role') if isinstance(m, dict) else m)!r}")
-        if "content" not in m:
-            raise _Bad(f"messages[{i}].content", "missing")
-        content, k = _content(m["content"], f"messages[{i}].content", images, base_dir)
-        out.append({**m, "content": content})
-        n_images += k
-    return out, n_images
 
 
 def agent_loop_turns(messages: list[dict], step: int) -> tuple[str | None, Any] | None:
@@ -266,22 +160,6 @@ class _Grouper:
         return ep, step
 
 
-def _body_of(obj: dict, fmt: str) -> tuple[dict, str]:
-    """(request body, format of this line)."""
-    if fmt in ("auto", "openai-batch") and isinstance(obj.get("body"), dict) and (
-            "custom_id" in obj or "url" in obj or fmt == "openai-batch"):
-        url = obj.get("url", "/v1/chat/completions")
-        if not str(url).rstrip("/").endswith("/chat/completions"):
-            raise _Bad("url", f"expected '/v1/chat/completions', got {url!r}")
-        return obj["body"], "openai-batch"
-    if fmt == "openai-batch":
-        raise _Bad("body", "missing (expected an OpenAI Batch API line: custom_id, url, body)")
-    for wrapper in ("body", "request"):
-        if "messages" not in obj and isinstance(obj.get(wrapper), dict):
-            return obj[wrapper], "openai-chat"
-    return obj, "openai-chat"
-
-
 def import_request_log(source: str | Path, out: str | Path, *, fmt: str = "auto",
                        group_by: str = "auto", replay: str = "as_logged",
                        default_max_tokens: int = DEFAULT_MAX_TOKENS) -> dict:
@@ -300,7 +178,7 @@ def import_request_log(source: str | Path, out: str | Path, *, fmt: str = "auto"
     tmp = out.with_name(out.name + ".tmp")
     sha = hashlib.sha256()
     grouper: _Grouper | None = None
-    images = _ImageCache()
+    images = ImageCache()
     stats = {"requests": 0, "images": 0, "temperature_nonzero": 0, "max_tokens_defaulted": 0,
              "formats": set(), "agent_loop_shaped": 0}
     model, model_line, t_first = None, None, None
@@ -319,42 +197,42 @@ def import_request_log(source: str | Path, out: str | Path, *, fmt: str = "auto"
                                      f"({getattr(exc, 'msg', exc)})") from None
                 try:
                     if not isinstance(obj, dict):
-                        raise _Bad("(line)", "expected a JSON object (one request per line)")
-                    body, line_fmt = _body_of(obj, fmt)
+                        raise BadField("(line)", "expected a JSON object (one request per line)")
+                    body, line_fmt = body_of(obj, fmt)
                     stats["formats"].add(line_fmt)
                     meta = {**(body.get("metadata") or {}), **(obj.get("metadata") or {})} \
                         if isinstance(body.get("metadata") or {}, dict) else {}
-                    messages, n_images = _messages(body, images, source.parent)
+                    messages, n_images = messages_of(body, images, source.parent)
                     if grouper is None:
                         grouper = _grouper_for(group_by, obj, body, meta)
                     key = None
                     if grouper.mode == "field":
-                        key = _lookup(obj, body, meta, grouper.field_name)
+                        key = lookup(obj, body, meta, grouper.field_name)
                         if key is None:
-                            raise _Bad(grouper.field_name, "missing (the log is grouped into "
+                            raise BadField(grouper.field_name, "missing (the log is grouped into "
                                        f"episodes by {grouper.field_name!r}, found on line 1)")
                     line_model = body.get("model")
                     if line_model is not None:
                         if model is None:
                             model, model_line = line_model, lineno
                         elif line_model != model:
-                            raise _Bad("model", f"expected {model!r} (as on line {model_line}), "
+                            raise BadField("model", f"expected {model!r} (as on line {model_line}), "
                                        f"got {line_model!r}: mixed models (split the log by model)")
                     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
                     if max_tokens is None:
                         max_tokens = default_max_tokens
                         stats["max_tokens_defaulted"] += 1
                     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-                        raise _Bad("max_tokens", f"expected an integer >= 1, got {max_tokens!r}")
+                        raise BadField("max_tokens", f"expected an integer >= 1, got {max_tokens!r}")
                     temperature = body.get("temperature")
                     if temperature is not None and not isinstance(temperature, (int, float)):
-                        raise _Bad("temperature", f"expected a number, got {temperature!r}")
-                    start_name, start = _first(obj, meta, START_FIELDS)
-                    end_name, end = _first(obj, meta, END_FIELDS)
-                    start = _timestamp(start, start_name or "timestamp")
-                    end = _timestamp(end, end_name or "end_time")
-                    _, request_id = _first(obj, meta, REQUEST_ID_FIELDS)
-                except _Bad as bad:
+                        raise BadField("temperature", f"expected a number, got {temperature!r}")
+                    start_name, start = first_field(obj, meta, START_FIELDS)
+                    end_name, end = first_field(obj, meta, END_FIELDS)
+                    start = timestamp(start, start_name or "timestamp")
+                    end = timestamp(end, end_name or "end_time")
+                    _, request_id = first_field(obj, meta, REQUEST_ID_FIELDS)
+                except BadField as bad:
                     raise InputError(f"{source}:{lineno}: field {bad.field!r}: {bad.what}") from None
                 episode, step = grouper.assign(messages, key)
                 shaped = agent_loop_turns(messages, step)
@@ -410,22 +288,12 @@ def import_request_log(source: str | Path, out: str | Path, *, fmt: str = "auto"
     return manifest
 
 
-def _lookup(obj: dict, body: dict, meta: dict, name: str) -> Any:
-    for src in (obj, body, meta):
-        cur: Any = src
-        for piece in name.split("."):
-            cur = cur.get(piece) if isinstance(cur, dict) else None
-        if cur is not None:
-            return cur
-    return None
-
-
 def _grouper_for(group_by: str, obj: dict, body: dict, meta: dict) -> _Grouper:
     if group_by.startswith("field:"):
         return _Grouper("field", group_by.split(":", 1)[1])
     if group_by == "auto":
         for name in ID_FIELDS:
-            if _lookup(obj, body, meta, name) is not None:
+            if lookup(obj, body, meta, name) is not None:
                 return _Grouper("field", name)
         return _Grouper("prefix")
     return _Grouper(group_by)
