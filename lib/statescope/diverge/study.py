@@ -35,12 +35,17 @@ from statescope.patches.faults import FaultSpec, install_fault, uninstall_fault
 CLEAN, REBATCHED = "clean", "rebatched"
 
 
-def staggered_prompts(block_size: int, n_short: int = 4, n_long: int = 4, seed: int = 0,
+def staggered_prompts(block_size: int, n_short: int = 4, n_long: int | None = None, seed: int = 0,
                       budget: int = 4096) -> list[list[int]]:
     """Token-id prompts: ``n_short`` boundary prompts (``capture_session.boundary_prompts``) and
-    ``n_long`` seeded random prompts ending 8-11 tokens before the second block boundary."""
+    ``n_long`` seeded random prompts ending 8-11 tokens before the second block boundary
+    (default: 4, or as many as it takes to exceed ``budget`` with small blocks)."""
     rng = random.Random(seed)
     short = boundary_prompts(block_size, n_short)
+    if n_long is None:
+        n_long = 4
+        while sum(map(len, short)) + sum(2 * block_size - 11 + i for i in range(n_long)) <= budget:
+            n_long += 1
     long = [[rng.randrange(3, 250) for _ in range(2 * block_size - 11 + i)] for i in range(n_long)]
     prompts = short + long
     if sum(map(len, prompts)) <= budget:
