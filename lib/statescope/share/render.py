@@ -173,6 +173,8 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
             f"import statescope.share.envmanifest as _m\n_m.record_engines({str(engines_log)!r})",
             metadata={"tags": [HOOK_TAG]})
         nb.cells.insert(0, hook)
+        if progress is not None:  # the hook cell, and papermill's injected-parameters cell
+            progress.add_total(1 + bool(parameters))
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.metadata.setdefault("language_info", {"name": "python"})
         src, done = Path(tmp) / f"{stem}.ipynb", Path(tmp) / f"{stem}.out.ipynb"
