@@ -207,7 +207,7 @@ from statescope.patches.faults import FaultSpec
 from statescope.verdict.reproduce import standard_arms
 from statescope.workload.episodes import preset_trace
 trigger, control = standard_arms("reference")
-trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
+trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
 
 # %%
 both = reproduce_with_capture(trigger, control, preset_trace("smoke"), store_root=out,

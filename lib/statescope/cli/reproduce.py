@@ -48,7 +48,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.fault:
         kind, _, rest = args.fault.partition(":")
         rate = float(rest) if rest else 1.0
-        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=2, layers=[0])
+        # after the first output token: tiny-gui answers in 3-11 tokens, and with MTP(2) a later
+        # trigger point can miss an answer that ends in the next step
+        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=1, layers=[0])
     trigger.copy_semantics = args.copy_semantics
     mode = replay_mode(trace, args.replay)
     with Progress(2 * len(trace), "reproduce", "requests") as bar:
