@@ -52,7 +52,7 @@ result.examples()
 # ## The same pipeline with a planted fault
 #
 # To show that the detector can fail the arm, plant ground truth: NaN in the first GDN layer's
-# conv window of every request after two output tokens — the reported `!!!!` symptom (NaN logits →
+# conv window of every request after its first output token — the reported `!!!!` symptom (NaN logits →
 # argmax token 0 = `!`). The control run is reused, and requests are counted as the unit (four
 # episodes alone could not reach p < 0.01 — the verdict would honestly say "no evidence"). The
 # result is labelled **PLANTED**.
@@ -60,7 +60,7 @@ result.examples()
 # %%
 from statescope.patches import FaultSpec
 
-trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
+trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
 planted = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("planted"),
                        control_run=result.control, unit="request")
 planted

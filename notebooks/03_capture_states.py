@@ -108,8 +108,8 @@ steps[["req_id", "req_step", "num_computed_tokens", "num_scheduled_tokens", "num
 # The scheduler (engine-core side) logs each prefix-cache lookup: how long a hit the attention
 # group and the Mamba groups could each serve on their own, every step of the coordinator's
 # fixed-point search (`kind:max_length->hit`, `+drop` when the MTP last-block drop applied), and
-# the hit the request got. Here the prompts are fresh and shorter than one 384-token Mamba block,
-# so there is no full block to hit: every group reports 0.
+# the hit the request got. Here the prompts are fresh and shorter than one Mamba block (the
+# resolved `mamba_block_size` above), so there is no full block to hit: every group reports 0.
 
 # %%
 clean.prefix_hits()[["req_id", "num_prompt_tokens", "num_block_hashes", "attention_hit_tokens",
@@ -209,7 +209,7 @@ from statescope.patches import FaultSpec
 from statescope.verdict import standard_arms
 from statescope.workload import preset_trace
 trigger, control = standard_arms("reference")
-trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
+trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
 
 # %%
 both = reproduce_with_capture(trigger, control, preset_trace("smoke"), store_root=out,

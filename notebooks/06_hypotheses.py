@@ -39,11 +39,18 @@
 # prompts that end just before the first Mamba block boundary and long ones that end before the
 # second. The prompts do not all fit in one step, so the last one is still in prefill while
 # the others decode. That gives two rows with different accepted counts in one batch.
+#
+# **Model: the structured `tiny-qwen35`, not the embedded default.** The planted faults below
+# pick their victims by position (request 1's first post-process copy is an in-place shift of
+# its running block, request 2 is mid-decode at its fourth token). Those positions follow from
+# tiny-qwen35's 384-token blocks and its predictable successor-chain drafts. On `tiny-gui`
+# (128-token blocks, drafts accepted by what the text says) request 1's first copy lands in
+# another block: dropping it leaves no trace, and Check 3 would have nothing to show.
 
 # %%
-from statescope.engine import EngineConfig, OfflineEngine
+from statescope.engine import EngineConfig, OfflineEngine, model_path
 from statescope.diverge import study as dd
-engine = OfflineEngine(EngineConfig())
+engine = OfflineEngine(EngineConfig(model=str(model_path("tiny-qwen35"))))
 prompts = dd.staggered_prompts(engine.resolved()["mamba_block_size"])
 len(prompts), [len(p) for p in prompts]
 
@@ -76,8 +83,9 @@ study.planted["permute_accepted"]
 # after every captured position and prefilled, and the state after that prefill is captured.
 
 # %%
-clean = OfflineEngine(EngineConfig(enable_prefix_caching=False, mamba_cache_mode=None,
-                                   speculative_method=None, num_speculative_tokens=0))
+clean = OfflineEngine(EngineConfig(model=engine.config.model, enable_prefix_caching=False,
+                                   mamba_cache_mode=None, speculative_method=None,
+                                   num_speculative_tokens=0))
 dd.replay_study(clean, study)
 clean.close()
 

@@ -23,7 +23,7 @@
 # %% tags=["parameters"]
 # Parameters (papermill: `statescope render 07_teach_failure_mode -p walk_tokens=24`)
 walk_tokens = 32
-model = None  # None = the embedded default (data/models/tiny-qwen35)
+model = None  # None = the embedded default (data/models/tiny-gui)
 
 # %%
 from statescope.teach import Lesson, varied_prompt

@@ -9,6 +9,7 @@ the scalar pre-copy path of a configuration without speculation). Capture inside
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import shutil
 
@@ -235,7 +236,8 @@ def test_two_identical_runs_have_identical_digests(trigger, tmp_path, monkeypatc
     assert sa["num_accepted_used"].notna().all()
     assert (sa["num_accepted_used"] == sa["num_accepted_sampled"]).all()
     assert (sa["num_accepted_sampled"] == sa["accepted"]).all() and sa["accepted"].max() > 1
-    assert a.manifest["status"] == "complete" and a.manifest["block_size"] == 384
+    assert a.manifest["status"] == "complete"
+    assert a.manifest["block_size"] == trigger.resolved()["block_size"]  # 128 on tiny-gui
     if shutil.which("cc"):  # on CPU both runs digest with the C kernel, in place
         assert a.manifest["digest_kernel"] == b.manifest["digest_kernel"] == "c_in_place"
     # draft columns: the blocks after the running column, one per scheduled draft
@@ -354,8 +356,12 @@ def test_selection_prefix_hits_and_snapshot_budget(trigger, tmp_path):
     # a prompt of three blocks leaves a cached block-boundary state behind
     first = trigger.generate([system + [40, 41, 42] * block], max_tokens=2)[0]
     follow_up = first.prompt_token_ids + first.prompt_token_ids[:20]
+    # a budget of 2.5 snapshots of this model's states (full mode keeps before/after pairs)
+    g = gdn_geometry(json.loads((Path(trigger.config.model) / "config.json").read_text()),
+                     num_speculative_tokens=2)
+    budget = int(2.5 * snapshot_bytes(g)) + 64 * 1024
     capture.install({"output_dir": str(tmp_path), "run_id": "sel", "mode": "full",
-                     "requests": {"prompt_prefixes": ["system:"]}, "max_bytes": MiB})
+                     "requests": {"prompt_prefixes": ["system:"]}, "max_bytes": budget})
     recs = trigger.generate([follow_up, [50, 51] * 200], max_tokens=6, ignore_eos=True)
     run = CaptureRun(capture.uninstall()[0])
     steps = run.steps()
@@ -364,9 +370,9 @@ def test_selection_prefix_hits_and_snapshot_budget(trigger, tmp_path):
     hit = step0["prefix_hit_tokens"]
     assert step0["is_new"] and hit == recs[0].num_cached_tokens > 0  # vLLM's own count agrees
     assert hit % run.manifest["block_size"] == 0 and step0["num_computed_tokens"] == hit
-    m = run.manifest  # 1 MiB holds two 0.4 MiB snapshots (3 layers x (5 KiB + 128 KiB))
+    m = run.manifest  # the budget holds two snapshots, not the 6 decode steps' pairs
     assert m["truncated"] is True and m["snapshots_skipped"] > 0
-    assert 0 < m["sizes"]["tensor_bytes"] <= MiB
+    assert 0 < m["sizes"]["tensor_bytes"] <= budget
     # the scheduler's own lookup (engine-core side) for the same request: per-group hits
     hits = run.prefix_hits()
     assert list(hits["req_id"]) == list(steps["req_id"].unique())  # one lookup, this request

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 def test_planted_failure_still_fires_with_capture_on(tmp_path, engine_pool):
     engine_pool.close()  # one engine alive at a time: each arm starts its own
     trigger, control = standard_arms("reference")
-    trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0])
+    trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
     trace = preset_trace("smoke")
     res = reproduce_with_capture(trigger, control, trace, store_root=tmp_path,
                                  spec={"mode": "digest", "run_id": "trigger"})

@@ -64,3 +64,6 @@ def test_notebook_executes_and_renders(tmp_path, py_path):
     for needle in NEEDLES.get(py_path.stem, ()):
         assert needle in html, f"{py_path.stem}: {needle!r} not in the rendered notebook"
     assert "Traceback (most recent call last)" not in html
+    from statescope import quiet  # no stderr box for known-benign library warnings
+
+    assert not [k for k, pattern in quiet.BENIGN.items() if __import__("re").search(pattern, html)]

@@ -43,7 +43,7 @@ def _trigger(**changes) -> Arm:
 
 
 def test_planted_nan_state_is_detected(tmp_path, trace, control_run):
-    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0]))
+    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0]))
     res = reproduce(arm, control_run.arm, trace, store_root=tmp_path, run_id="nan",
                     unit="request", control_run=control_run)
     assert res.verdict.outcome == CORRUPTION_DETECTED
@@ -92,7 +92,7 @@ def test_reproduce_through_vllm_serve(tmp_path, trace, control_run):
     """The whole path through a real `vllm serve` on loopback: a planted fault in the server's
     engine process (installed there by the statescope plugin) must be detected from the HTTP
     answers. (Teardown without orphans is asserted in test_server.py.)"""
-    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=2, layers=[0]))
+    arm = _trigger(fault=FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0]))
     res = reproduce(arm, control_run.arm, trace, store_root=tmp_path, run_id="srv",
                     runner="server", unit="request", control_run=control_run)
     assert res.verdict.outcome == CORRUPTION_DETECTED

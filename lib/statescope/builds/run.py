@@ -58,8 +58,9 @@ class CellResult:
 def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, unit: str = "episode",
              control: str = "reference", store_root: str | Path = "runs", run_id: str | None = None,
              trigger_set: dict | None = None, model: str | None = None, installer: str = "auto",
-             geometry: str | None = None, timeout_s: float = 3600) -> CellResult:
-    """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken."""
+             geometry: str | None = None, timeout_s: float = 3600, progress=None) -> CellResult:
+    """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken.
+    ``progress`` (``statescope.progress``) advances as the cell's records are written."""
     from statescope.records import new_run_id
 
     spec = BuildSpec.parse(spec)
@@ -70,11 +71,8 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
     argv, env = cell_command(build, request)
     t0 = time.perf_counter()
     with open(run_dir / "cell.log", "wb") as log:
-        try:
-            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                timeout=timeout_s).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        rc = _wait_counting(proc, run_dir / "records.jsonl", timeout_s, progress)
     return read_cell_result(spec, run_dir, rc, time.perf_counter() - t0)
 
 
@@ -113,6 +111,36 @@ def read_cell_result(spec: BuildSpec, run_dir: Path, rc: int, seconds: float) ->
                       seconds=round(seconds, 1))
 
 
+def _wait_counting(proc: subprocess.Popen, records: Path, timeout_s: float, progress) -> int:
+    """Wait for the cell; every second, advance ``progress`` by the records written since."""
+    seen, deadline = 0, time.monotonic() + timeout_s
+    while True:
+        try:
+            rc = proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if progress is not None and records.is_file():
+            with records.open("rb") as fh:
+                n = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+            if n > seen:
+                progress.advance(n - seen)
+                seen = n
+        if rc is not None:
+            return rc
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            return 124
+
+
+def cell_requests(preset: str) -> int:
+    """Requests one cell sends (both arms) for a preset, for progress totals."""
+    from statescope.workload.episodes import PRESETS
+
+    eps, steps = PRESETS[preset][:2] if preset in PRESETS else (1, 1)
+    return 2 * eps * steps
+
+
 class BuildMatrix(RecordsTable):
     """One row per build: the trigger's failures, or why the build could not be measured."""
 
@@ -127,14 +155,19 @@ class BuildMatrix(RecordsTable):
                        for l in marked) + super()._repr_html_()
 
 
-def build_matrix(specs: Sequence[BuildSpec | str], **cell_kwargs: Any) -> BuildMatrix:
-    """``run_cell`` for every build; a build that fails to install or run fails its row only."""
+def build_matrix(specs: Sequence[BuildSpec | str], *, progress=None,
+                 **cell_kwargs: Any) -> BuildMatrix:
+    """``run_cell`` for every build; a build that fails to install or run fails its row only.
+    ``progress`` gets a stage line per build and counts the cells' requests."""
     from statescope.builds.census import build_brief
     from statescope.verdict.stats import clopper_pearson
 
     parsed = [BuildSpec.parse(s) for s in specs]  # bad spec text is the caller's error: raise now
     rows = []
-    for spec in parsed:
+    for i, spec in enumerate(parsed):
+        if progress is not None:
+            progress.note(f"build {i + 1}/{len(parsed)}: {spec.label}")
+            cell_kwargs["progress"] = progress
         row: dict[str, Any] = {"build": spec.label, "status": "ok", "vllm": None, "failed": None,
                                "units": None, "rate": None, "outcome": None,
                                "labels": [p.label for p in spec.patches], "detail": None}

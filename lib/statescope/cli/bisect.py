@@ -90,6 +90,12 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
     r = bisect_on_ray(args, kw["requests_per_probe"])  # None without --ray
     if r is not None:
         return _report(r, args)
+    from statescope.builds.run import cell_requests
+    from statescope.progress import NullProgress, Progress
+
+    bar = NullProgress() if args.simulate else Progress(0, "bisect", "requests")
+    if not args.simulate:
+        cells["progress"] = bar
     if args.simulate:
         n, change, before, after = _simulated(args.simulate)
         items, probe = range(n), FlakyOracle(n, change, before, after, seed=args.seed)
@@ -103,16 +109,18 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         specs = [builds.BuildSpec.parse(s) for s in args.builds]
         items = builds.plant_regression(specs, args.plant_from) if args.plant_from is not None else specs
         probe = builds.build_probe(**cells)
+    probe = _with_progress(probe, bar, cell_requests(args.preset))
     labels = [getattr(x, "label", str(x)) for x in items]
     if len(set(labels)) < len(labels):  # the same build listed twice: tell them apart by position
         labels = [f"#{i} {label}" for i, label in enumerate(labels)]
-    if args.plain:
-        r = plain_bisect(items, probe, labels=labels, **kw)
-    elif args.settings:
-        r = bisect_settings(axis, items, probe, budget=args.budget, confidence=args.confidence, **kw)
-    else:
-        r = bayesian_bisect(items, probe, labels=labels, budget=args.budget,
-                            confidence=args.confidence, **kw)
+    with bar:
+        if args.plain:
+            r = plain_bisect(items, probe, labels=labels, **kw)
+        elif args.settings:
+            r = bisect_settings(axis, items, probe, budget=args.budget, confidence=args.confidence, **kw)
+        else:
+            r = bayesian_bisect(items, probe, labels=labels, budget=args.budget,
+                                confidence=args.confidence, **kw)
     if not args.simulate:  # each build's source census beside it (statescope.builds.census)
         from statescope.builds.census import build_brief
 
@@ -133,6 +141,26 @@ def _report(r, args: argparse.Namespace) -> int:
         for label, brief in r.census.items():
             print(f"census {label}: {brief or 'no installed environment'}")
     return 0
+
+
+def _with_progress(probe: Any, bar: Any, requests_per_cell: int) -> Any:
+    """The probe, with a stage line per probe on ``bar``; the cells it runs count requests. The
+    number of probes is not known in advance, so the total grows by one cell's requests per cell."""
+    count = [0]
+
+    def probed(item: Any, n: int):
+        count[0] += 1
+        bar.note(f"probe {count[0]}: {getattr(item, 'label', item)} ({n} units)")
+        cells_before = len(getattr(probe, "cells", []))
+        bar.add_total(requests_per_cell)
+        out = probe(item, n)
+        extra = len(getattr(probe, "cells", [])) - cells_before - 1
+        if extra > 0:  # the probe needed more cells than one to reach n units
+            bar.add_total(extra * requests_per_cell)
+        return out
+
+    probed.cells = getattr(probe, "cells", [])  # type: ignore[attr-defined]
+    return probed
 
 
 def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:

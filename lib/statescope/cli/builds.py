@@ -53,8 +53,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
     m = matrix_on_ray(args)  # None without --ray
     if m is None:
-        m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
-                         store_root=args.runs, installer=args.installer)
+        from statescope.builds.run import cell_requests
+        from statescope.progress import Progress
+
+        with Progress(len(args.specs) * cell_requests(args.preset), "matrix", "requests") as bar:
+            m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
+                             store_root=args.runs, installer=args.installer, progress=bar)
     frame = m.frame()
     cols = ["build", "settings", "seed", "status", "vllm", "failed", "units", "outcome", "attempts",
             "census", "detail"]

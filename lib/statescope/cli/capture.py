@@ -64,15 +64,17 @@ CAPTURE_MODEL = "tiny-gui"  # exercises partial acceptance and in-place shifts (
 
 
 class _Progress:
-    """An engine stand-in that counts the requests each ``generate`` call finished."""
+    """An engine stand-in that counts the requests each ``generate`` call finished (for the
+    run's outcome) and advances the stderr bar (``statescope.progress``) by them."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.finished, self.waves = engine, 0, 0
+    def __init__(self, engine: Any, bar: Any) -> None:
+        self.engine, self.bar, self.finished, self.waves = engine, bar, 0, 0
 
     def generate(self, prompts: Any, **kwargs: Any) -> list:
         out = self.engine.generate(prompts, **kwargs)
         self.finished += len(out)
         self.waves += 1
+        self.bar.advance(len(out))
         return out
 
 
@@ -139,22 +141,28 @@ def capture_command(args: argparse.Namespace) -> int:
     if semantics:
         cpu_kernels.set_copy_semantics(*semantics)
     error = None
-    with OfflineEngine(config) as engine:
-        capture.install(spec)
-        capture.note_workload(what=f"statescope capture --workload {args.workload}",
-                              episodes=args.episodes, waves_planned=args.steps,
-                              requests_planned=args.episodes * args.steps,
-                              max_tokens=args.max_tokens)
-        progress, rows, outcome = _Progress(engine), [], None
-        try:
-            rows = _run_workload(progress, args)
-        except Exception as exc:  # the run is kept, closed as incomplete; exit 1 below
-            error = f"{type(exc).__name__}: {exc}"[:500]
-        finally:
-            outcome = {"requests_finished": progress.finished, "waves_completed": progress.waves}
-            if error:
-                outcome["engine_error"] = error
-            dirs = capture.uninstall(outcome)
+    from statescope.progress import Progress
+
+    with Progress(args.episodes * args.steps, "capture", "requests") as bar:
+        bar.note(f"starting the engine ({config.model})")
+        with OfflineEngine(config) as engine:
+            bar.note(f"engine ready in {engine.startup_s:.0f} s; capturing ({spec.mode})")
+            capture.install(spec)
+            capture.note_workload(what=f"statescope capture --workload {args.workload}",
+                                  episodes=args.episodes, waves_planned=args.steps,
+                                  requests_planned=args.episodes * args.steps,
+                                  max_tokens=args.max_tokens)
+            progress, rows, outcome = _Progress(engine, bar), [], None
+            try:
+                rows = _run_workload(progress, args)
+            except Exception as exc:  # the run is kept, closed as incomplete; exit 1 below
+                error = f"{type(exc).__name__}: {exc}"[:500]
+            finally:
+                outcome = {"requests_finished": progress.finished,
+                           "waves_completed": progress.waves}
+                if error:
+                    outcome["engine_error"] = error
+                dirs = capture.uninstall(outcome)
     from statescope.capture.session import perturbation_report
 
     runs = [CaptureRun(d) for d in dirs]

@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from statescope.cli.reproduce import cmd_reproduce, cmd_workload
+from statescope.cli.reproduce import cmd_reproduce
+from statescope.cli.workload import add_workload_subcommand
 from statescope.errors import InputError, StatescopeError
 
 
@@ -57,14 +58,16 @@ def _installed_census() -> dict:
 def cmd_workbook(args: argparse.Namespace) -> int:
     import os
 
-    from statescope.share.render import run_notebooks
+    from statescope.cli.render import NotebookLines
+    from statescope.share.render import REPO, notebook_paths, run_notebook
 
     os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
-    results = run_notebooks(args.notebooks or None, out_dir=args.out)
-    for r in results:
-        print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['html']} ({r['seconds']:.0f} s)")
-        if not r["ok"]:
-            print(f"statescope workbook: {r['notebook']}: {r['error']}", file=sys.stderr)
+    out = args.out if os.path.isabs(args.out) else str(REPO / args.out)
+    lines, results = NotebookLines(sys.stderr if args.json else sys.stdout), []
+    for path in notebook_paths(args.notebooks or None):
+        results.append(run_notebook(path, __import__("pathlib").Path(out),
+                                    progress=lines.start(path), keep_warnings=args.verbose))
+        lines.done(results[-1])
     if args.json:
         print(json.dumps(results, indent=2))
     return 0 if all(r["ok"] for r in results) else 1
@@ -76,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device profile for every engine this command starts: cpu | cuda | "
                         "cuda-triton | auto (default: $STATESCOPE_PROFILE, else auto-detected; "
                         "statescope.patches.device_profiles)")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep known-benign library warnings (NUMA binding, kernel transport, ...) "
+                        "in the terminal and in rendered notebooks (also after the subcommand)")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("doctor", help="versions, model and a short start of the trigger config")
     d.add_argument("--model", default=None, help="model directory or name under data/models")
@@ -87,21 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", default="reports")
     w.add_argument("--json", action="store_true")
     w.set_defaults(func=cmd_workbook)
-    wl = sub.add_parser("workload", help="write a GUI-agent trace file (JSONL) from a preset")
-    wl.add_argument("--preset", default="laptop", help="smoke | laptop | repro288 | long")
-    wl.add_argument("--vision", action="store_true", help="attach 1-3 PNG screenshots per step")
-    wl.add_argument("--seed", type=int, default=0)
-    wl.add_argument("--geometry", default=None, help="before | at | after | mixed: prompt ends "
-                                                     "relative to the resolved Mamba block size")
-    wl.add_argument("--out", default="runs/trace.jsonl")
-    wl.add_argument("--json", action="store_true")
-    wl.set_defaults(func=cmd_workload)
+    add_workload_subcommand(sub)
     r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
     r.add_argument("--preset", default="smoke")
     r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
                                                   "(episode ids prefixed s<seed>-)")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
-    r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed")
+    r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed "
+                                                    "| image_across (with --vision)")
     r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
     r.add_argument("--control", default="no_prefix_cache",
                    help="no_prefix_cache | no_mtp | no_async | reference")
@@ -123,8 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--copy-semantics", default=None,
                    help="CPU copy-kernel semantics of the trigger arm (barrierless_tiles = "
                         "EMULATED GPU race)")
+    r.add_argument("--vision", action="store_true", help="with --preset: 1-3 screenshots per "
+                                                        "request (read by a vision model: tiny-vl)")
+    r.add_argument("--replay", default=None, help="as_logged | agent_loop (default: the trace's)")
     r.add_argument("--alpha", type=float, default=0.01)
-    r.add_argument("--concurrency", type=int, default=32)
+    r.add_argument("--concurrency", type=int, default=None,
+                   help="requests in flight (default: an imported log's own, else 32)")
     r.add_argument("--runs", default="runs")
     r.add_argument("--run-id")
     r.add_argument("--json", action="store_true")
@@ -137,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         add_localize_subcommand)
     from statescope.cli.gpu import (add_gpu_arm_subcommand, add_gpu_results_subcommand,
                                     add_racecheck_subcommand)
-    from statescope.cli.models import add_model_check_subcommand
+    from statescope.cli.models import add_model_check_subcommand, add_vision_probe_subcommand
     from statescope.cli.render import add_render_subcommand
 
     add_capture_subcommands(sub)
@@ -149,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_build_subcommands(sub)
     add_releases_subcommand(sub)
     add_model_check_subcommand(sub)
+    add_vision_probe_subcommand(sub)
     add_bisect_subcommands(sub)
     add_render_subcommand(sub)
     add_gpu_results_subcommand(sub)
@@ -157,29 +161,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import contextlib
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before any vLLM import
     # vLLM logs to stdout by default; stdout is for reports (and --json must stay parseable).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --verbose anywhere on the line (before or after the subcommand): keep the known-benign
+    # library warnings that are otherwise filtered (statescope.quiet).
+    verbose = "--verbose" in argv or os.environ.get("STATESCOPE_VERBOSE") == "1"
+    argv = [a for a in argv if a != "--verbose"]
     args = build_parser().parse_args(argv)
+    args.verbose = verbose
+    if not verbose:
+        from statescope import quiet
+
+        quiet.install_log_filter()
     if args.profile:  # one profile for every engine the command starts (in this process or not)
         os.environ["STATESCOPE_PROFILE"] = args.profile
         os.environ["STATESCOPE_PROFILE_CHOSEN_BY"] = "--profile"
+    with contextlib.nullcontext() if verbose or not _owns_stderr() else _filtered():
+        try:
+            return args.func(args)
+        except InputError as exc:
+            print(f"statescope {args.command}: {exc}", file=sys.stderr)
+            return 2
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            if exc.filename is None:  # not about a path the user named: a real failure
+                raise
+            # last resort for a path no check above caught: one line, exit 2, no traceback
+            print(f"statescope {args.command}: {exc.filename}: {exc.strerror}", file=sys.stderr)
+            return 2
+        except StatescopeError as exc:
+            print(f"statescope {args.command}: {exc}", file=sys.stderr)
+            return 1
+
+
+def _owns_stderr() -> bool:
+    """Filter the process's stderr only when run as a command, not when ``main`` is called from
+    a test or a notebook whose stderr is not a plain file descriptor."""
     try:
-        return args.func(args)
-    except InputError as exc:
-        print(f"statescope {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
-        if exc.filename is None:  # not about a path the user named: a real failure
-            raise
-        # last resort for a path no check above caught: one line, exit 2, no traceback
-        print(f"statescope {args.command}: {exc.filename}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except StatescopeError as exc:
-        print(f"statescope {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return sys.stderr is sys.__stderr__ and sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _filtered():
+    from statescope.quiet import filtered_stderr
+
+    return filtered_stderr()
 
 
 if __name__ == "__main__":

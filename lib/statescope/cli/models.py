@@ -1,8 +1,11 @@
-"""``statescope model-check``: a trained tiny model measured through a real vLLM engine.
+"""``statescope model-check`` and ``statescope vision-probe``: tiny models measured through a real
+vLLM engine.
 
-What it does: parses the arguments and prints ``statescope.models.tiny_vllm.check_model``'s JSON
-(also written to ``--out``): validity, correctness, MTP acceptance, prefix-cache hit rate, block
-sizes, and the planted-fault / cached-state sensitivities.
+What it does: ``model-check`` prints ``statescope.models.tiny_vllm.check_model``'s JSON (also
+written to ``--out``): validity, correctness, MTP acceptance, prefix-cache hit rate, block sizes,
+and the planted-fault / cached-state sensitivities. ``vision-probe`` prints
+``statescope.verdict.vision_probe.vision_probe``'s JSON (written to ``--out``): whether screenshots
+are read and cached by content, and what chunk ends inside an image do.
 
 What it deliberately does not do: train a model (``scripts/train_tiny_model.py``).
 """
@@ -39,3 +42,19 @@ def add_model_check_subcommand(subparsers: Any) -> None:
     p.add_argument("--prefix-episodes", type=int, default=0,
                    help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
     p.set_defaults(func=model_check_command)
+
+
+def vision_probe_command(args: argparse.Namespace) -> int:
+    from statescope.verdict.vision_probe import vision_probe
+
+    out = vision_probe(args.model, args.out)
+    print(json.dumps({k: v for k, v in out.items() if k != "resolved"}, indent=1, default=str))
+    return 0
+
+
+def add_vision_probe_subcommand(subparsers: Any) -> None:
+    p = subparsers.add_parser("vision-probe", help="screenshots through vLLM's multimodal path on "
+                                                   "a VLM: read, cached by content, cut by chunks")
+    p.add_argument("--model", default="tiny-vl", help="model directory or name under data/models")
+    p.add_argument("--out", type=Path, default=None, help="write the whole result (JSON) here")
+    p.set_defaults(func=vision_probe_command)

@@ -17,6 +17,32 @@ import sys
 from statescope.errors import InputError
 
 
+class NotebookLines:
+    """One line per notebook as it finishes (name, elapsed, result) on ``stream``, and — on a
+    terminal — a bar over the notebook's code cells on stderr while it runs."""
+
+    def __init__(self, stream=None, what=None) -> None:
+        self.stream = stream or sys.stdout
+        self.what = what or (lambda r: r.get("html") or r.get("dir", ""))
+        self._bar = None
+
+    def start(self, path):
+        from statescope.progress import Progress
+        from statescope.share.render import code_cells, sync_pair
+
+        self._bar = Progress(code_cells(sync_pair(path)) if path.suffix == ".py" else 0,
+                             path.stem, "cells", lines_when_piped=False)
+        return self._bar
+
+    def done(self, r: dict) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']:<28} {r['seconds']:6.0f} s  "
+              f"-> {self.what(r)}", file=self.stream, flush=True)
+        if not r["ok"]:
+            print(f"  {r['notebook']}: {r['error']}", file=sys.stderr, flush=True)
+
+
 def _parameters(pairs: list[str] | None, sources: list) -> dict:
     """``-p`` pairs checked against the parameters every named notebook declares: an unknown
     name, or a value of another type than the default's, is an error before any kernel starts."""
@@ -53,19 +79,29 @@ def cmd_render(args: argparse.Namespace) -> int:
             notebook_paths([str(s)])
     os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
     kw = dict(parameters=_parameters(args.param, sources), png=not args.no_png,
-              timeout_s=args.timeout)
-    if args.all:
-        results = render_all(args.out, names=args.notebooks or None, **kw)
-    else:
-        results = [render_for_sharing(s, args.out, **kw) for s in sources]
-    results = _shareable(results)
-    for r in results:
+              timeout_s=args.timeout, keep_warnings=getattr(args, "verbose", False))
+
+    def what(r: dict) -> str:
         pngs = sum(1 for f in r["figures"] if f["png"])
-        print(f"{'ok ' if r['ok'] else 'FAIL'} {r['notebook']} -> {r['dir']} ({r['seconds']:.0f} s, "
-              f"{pngs}/{len(r['figures'])} PNG, summary {r['summary_chars']} chars)",
-              file=sys.stderr if args.json else sys.stdout)
-        if not r["ok"]:
-            print(f"statescope render: {r['notebook']}: {r['error']}", file=sys.stderr)
+        return f"{r['dir']} ({pngs}/{len(r['figures'])} PNG, summary {r['summary_chars']} chars)"
+
+    lines = NotebookLines(sys.stderr if args.json else sys.stdout, what)
+
+    def done(r: dict) -> None:  # what the command prints is pasted too: scrubbed first
+        lines.done(_shareable([r])[0])
+
+    if args.all:
+        results = render_all(args.out, names=args.notebooks or None, on_start=lines.start,
+                             on_done=done, **kw)
+    else:
+        from pathlib import Path
+
+        paths = [Path(s) if os.path.isfile(s) else notebook_paths([str(s)])[0] for s in sources]
+        results = []  # a bad name fails above, before anything is executed
+        for path in paths:
+            results.append(render_for_sharing(path, args.out, progress=lines.start(path), **kw))
+            done(results[-1])
+    results = _shareable(results)
     if args.json:
         print(json.dumps(results, indent=2, default=str))
     return 0 if all(r["ok"] for r in results) else 1

@@ -35,22 +35,25 @@ from statescope.patches.faults import FaultSpec, install_fault, uninstall_fault
 CLEAN, REBATCHED = "clean", "rebatched"
 
 
-def staggered_prompts(block_size: int, n_short: int = 4, n_long: int = 4, seed: int = 0,
+def staggered_prompts(block_size: int, n_short: int = 4, n_long: int | None = None, seed: int = 0,
                       budget: int = 4096) -> list[list[int]]:
-    """Token-id prompts: ``n_short`` boundary prompts (``capture_session.boundary_prompts``) and at
-    least ``n_long`` seeded random prompts ending 8-11 tokens before the second block boundary —
-    more of them where the block is small (a GPU resolves 48-token blocks where a CPU resolves
-    384), until the prompts overflow one step's ``budget`` so the last one is still in prefill
-    while the first ones decode."""
+    """Token-id prompts: ``n_short`` boundary prompts (``capture_session.boundary_prompts``) and
+    ``n_long`` seeded random prompts ending 8-11 tokens before the second block boundary (default:
+    at least 4, and more where the block is small — a GPU resolves 48-token blocks where a CPU
+    resolves 384 — until the prompts overflow one step's ``budget``, so the last one is still in
+    prefill while the first ones decode). An explicit ``n_long`` that fits in one step is an error."""
     if block_size < 8 or budget < 1:
         raise InputError(f"staggered_prompts: expected block_size >= 8 and budget >= 1, got "
                          f"{block_size}, {budget}")
     rng = random.Random(seed)
     prompts = boundary_prompts(block_size, n_short)
     i = 0
-    while i < n_long or sum(map(len, prompts)) <= budget:
+    while i < (n_long or 4) or (n_long is None and sum(map(len, prompts)) <= budget):
         prompts.append([rng.randrange(3, 250) for _ in range(2 * block_size - 11 + i % 4)])
         i += 1
+    if sum(map(len, prompts)) <= budget:
+        raise InputError(f"staggered_prompts: {sum(map(len, prompts))} prompt tokens fit in one "
+                         f"step of {budget}; add prompts so the last one is still in prefill")
     return prompts
 
 

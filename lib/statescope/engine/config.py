@@ -3,7 +3,7 @@
 What it does: ``EngineConfig`` holds prefix caching, Mamba cache mode and block size, speculative
 method and token count, async scheduling, chunked prefill, eager mode, batch limits, seed and KV
 memory, validates them before vLLM sees them and maps them onto vLLM's engine arguments;
-``model_path`` resolves a model name (``tiny-qwen35``, ``tiny-gui``) or a path, ``default_model``
+``model_path`` resolves a model name (``tiny-gui``, ``tiny-qwen35``, ``tiny-vl``) or a path, ``default_model``
 the embedded default (``STATESCOPE_MODEL`` overrides it).
 
 What it deliberately does not do: import vLLM or start anything (``statescope.engine.offline``).
@@ -135,16 +135,23 @@ class EngineConfig:
         for name in ("async_scheduling", "enable_chunked_prefill", "max_num_batched_tokens"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
+        from statescope.workload.model_files import tokenizer_dir
+
+        tok = tokenizer_dir(self.model)
+        if tok != Path(self.model):
+            kw["tokenizer"] = str(tok)  # a model with its tokenizer in a folder of its own (tiny-vl)
         kw.update(self.extra)
         return kw
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "data" / "models"
 
-# The embedded default. The trained GUI-agent model (`tiny-gui`) is opt-in for now: with its BPE
-# tokenizer a GUI step is ~100 tokens, while this architecture's page alignment forces 384-token
-# blocks on CPU, and with MTP a prompt needs > 2 blocks before any prefix-cache hit — the default
-# workloads would rarely engage the cache. `STATESCOPE_MODEL=tiny-gui` (or a path) switches.
-DEFAULT_MODEL = "tiny-qwen35"
+# The embedded default: the trained GUI-agent model (docs/tiny-model.md; the model that showed the
+# real race on the H200). Its geometry resolves 128-token blocks on CPU (64 with block_size=64),
+# so GUI prompts of 141-1,600 tokens engage the prefix cache; its answers are confident (no
+# near-ties), so a flip against the control means something. `STATESCOPE_MODEL=tiny-qwen35` (the
+# structured placeholder, 384-token blocks) or `tiny-vl` (the VLM, docs/tiny-vl.md) or a path
+# switches.
+DEFAULT_MODEL = "tiny-gui"
 
 
 def default_model() -> Path:

@@ -1,7 +1,8 @@
 """Checks a model directory before vLLM sees it, so bad input gives one clear line.
 
 What it does: ``check_model_dir(path)`` verifies the directory exists, holds a readable
-``config.json`` naming an architecture, weights (``*.safetensors``) and a tokenizer, and — for
+``config.json`` naming an architecture, weights (``*.safetensors``) and a tokenizer (in the
+directory or its ``tokenizer/`` folder: ``statescope.workload.model_files.tokenizer_dir``), and — for
 Qwen3.5/Qwen3-Next hybrids — that the GDN geometry is one the CPU build's kernels accept when vLLM
 runs on the CPU (linear key/value head dim 128, bf16). Returns the parsed text config.
 
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from statescope.errors import InputError
+from statescope.workload.model_files import TOKENIZER_SUBDIR, tokenizer_dir
 
 HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe")
 
@@ -36,8 +38,10 @@ def check_model_dir(path: str | Path, *, cpu: bool | None = None) -> dict:
                          "['Qwen3_5ForCausalLM'])")
     if not any(root.glob("*.safetensors")):
         raise InputError(f"model directory {root}: no *.safetensors weights found")
-    if not (root / "tokenizer.json").is_file() and not (root / "tokenizer_config.json").is_file():
-        raise InputError(f"model directory {root}: no tokenizer.json/tokenizer_config.json")
+    tok = tokenizer_dir(root)
+    if not (tok / "tokenizer.json").is_file() and not (tok / "tokenizer_config.json").is_file():
+        raise InputError(f"model directory {root}: no tokenizer.json/tokenizer_config.json "
+                         f"(in the directory or its {TOKENIZER_SUBDIR}/ folder)")
     text = cfg.get("text_config", cfg)
     if cpu is None:
         cpu = _running_on_cpu()

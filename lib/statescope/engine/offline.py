@@ -141,12 +141,14 @@ class OfflineEngine:
         self.startup_s = time.perf_counter() - t0
         self._count = 0
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 32,
+    def generate(self, prompts: Sequence[str | Sequence[int] | dict], *, max_tokens: int = 32,
                  logprobs: int = 2, ignore_eos: bool = False) -> list[RequestRecord]:
-        """Greedy generation (temperature 0) for text or token-id prompts, in input order."""
+        """Greedy generation (temperature 0) for text or token-id prompts, in input order; a dict
+        is passed to vLLM as is (``prompt_token_ids`` + ``multi_modal_data`` for images)."""
         from vllm import SamplingParams
 
-        inputs = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        inputs = [p if isinstance(p, (str, dict)) else {"prompt_token_ids": list(p)}
+                  for p in prompts]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs,
                                 ignore_eos=ignore_eos)
         t0 = time.perf_counter()

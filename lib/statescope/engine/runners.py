@@ -12,25 +12,32 @@ appends every finished request to a ``ResultsStore`` at once, and on a rerun ski
 
 What it deliberately does not do: build workload prompts (a ``next_step`` callback does; see
 ``episodes_next_step`` for ``statescope.workload.episodes`` episodes), judge outputs, or retry failed requests
-(a failure stops the run; a rerun resumes).
+(a failure stops the run; a rerun resumes). ``ServerRunner(request_log=PATH)`` appends every chat
+request it sent as one JSONL line (the body, its id, start and end time): the shape of a user's
+own request log, which ``statescope workload import`` reads back.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import datetime as _dt
+import json
+import threading
 import time
+from pathlib import Path
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import httpx
 
+from statescope.workload.model_files import is_multimodal
 from statescope.engine.offline import OfflineEngine, RequestRecord
 from statescope.engine.config import EngineConfig
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.engine.server import VllmServer, read_metrics, read_resolved
 from statescope.records import ResultsStore, load_records
+from statescope.workload.images import image_urls, open_image
 
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
 
@@ -88,9 +95,12 @@ class OfflineRunner(_ClosingContext):
         self._owns = isinstance(engine_or_config, EngineConfig)
         self.engine = OfflineEngine(engine_or_config) if self._owns else engine_or_config
         self.config: EngineConfig = self.engine.config
+        self._multimodal = is_multimodal(self.config.model)
         self.last_call: dict = {}
 
-    def _engine_prompt(self, prompt: Prompt, index: int) -> str | list[int]:
+    def engine_prompt(self, prompt: Prompt, index: int = 0) -> str | list[int] | dict:
+        """What ``OfflineEngine.generate`` is given for ``prompt`` (chat: rendered and tokenized;
+        with images on a vision model: the rendered text plus the decoded images)."""
         kind = prompt_kind(prompt, index)
         if kind != "chat":
             return prompt if kind == "text" else list(prompt)
@@ -99,12 +109,22 @@ class OfflineRunner(_ClosingContext):
         tok = self.engine.llm.get_tokenizer()
         text = tok.apply_chat_template([dict(m) for m in prompt], tokenize=False,
                                        add_generation_prompt=True)
+        urls = list(image_urls(prompt)) if self._multimodal else []
+        if urls:
+            # The template wrote one placeholder per image; vLLM's processor expands each to the
+            # image's tokens (what the server does with the same messages).
+            try:
+                images = [open_image(u) for u in urls]
+            except ValueError as exc:
+                raise InputError(f"prompts[{index}]: image: {exc}") from exc
+            return {"prompt": text, "multi_modal_data": {"image": images}}
+        # A text-only model never sees images: its chat template renders text parts only.
         return list(tok.encode(text, add_special_tokens=False))
 
     def generate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                  ignore_eos: bool = False) -> list[RequestRecord]:
         t0 = time.perf_counter()
-        inputs = [self._engine_prompt(p, i) for i, p in enumerate(prompts)]
+        inputs = [self.engine_prompt(p, i) for i, p in enumerate(prompts)]
         records = self.engine.generate(inputs, max_tokens=max_tokens, logprobs=logprobs,
                                        ignore_eos=ignore_eos)
         engine_s = records[0].latency_s if records else 0.0
@@ -150,7 +170,7 @@ class ServerRunner(_ClosingContext):
 
     def __init__(self, server_or_url: VllmServer | str, *, concurrency: int = 32,
                  request_timeout_s: float = 120.0, model: str | None = None,
-                 owns_server: bool = False) -> None:
+                 owns_server: bool = False, request_log: str | Path | None = None) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise InputError(f"ServerRunner concurrency: expected an integer >= 1, got {concurrency!r}")
         self.server = server_or_url if isinstance(server_or_url, VllmServer) else None
@@ -164,13 +184,22 @@ class ServerRunner(_ClosingContext):
         self._owns = owns_server and self.server is not None
         self.model = model or (self.server.served_model if self.server else self._first_model())
         self.last_call: dict = {}
+        # A JSONL request log like a user's own: the body sent, its id, start and end times.
+        self.request_log = Path(request_log) if request_log else None
+        self._log_lock = threading.Lock()
+
+    def _log_request(self, body: dict, data: dict, t_start: float, t_end: float) -> None:
+        line = {"request_id": data.get("id"), "timestamp": round(t_start, 6),
+                "end_timestamp": round(t_end, 6), **body}
+        with self._log_lock, self.request_log.open("a") as fh:
+            fh.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     @classmethod
     def launch(cls, config: EngineConfig, *, concurrency: int = 32, request_timeout_s: float = 120.0,
-               **server_kwargs: Any) -> "ServerRunner":
+               request_log: str | Path | None = None, **server_kwargs: Any) -> "ServerRunner":
         """Start a ``VllmServer`` for ``config``; the runner closes it."""
         return cls(VllmServer(config, **server_kwargs), concurrency=concurrency,
-                   request_timeout_s=request_timeout_s, owns_server=True)
+                   request_timeout_s=request_timeout_s, owns_server=True, request_log=request_log)
 
     def _first_model(self) -> str:
         try:
@@ -237,7 +266,7 @@ class ServerRunner(_ClosingContext):
         kind = prompt_kind(prompt, index)
         path, body = self._body(prompt, kind, max_tokens, logprobs, ignore_eos)
         async with session.limit:
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             try:
                 r = await session.client.post(path, json=body)
             except httpx.TimeoutException as exc:
@@ -253,7 +282,10 @@ class ServerRunner(_ClosingContext):
         if r.status_code != 200:
             raise ServerRequestError(f"{self.url}{path} answered HTTP {r.status_code} for "
                                      f"prompts[{index}]: {r.text[:400]}")
-        return self._record(kind, r.json(), latency)
+        data = r.json()
+        if self.request_log is not None and kind == "chat":
+            self._log_request(body, data, wall0, wall0 + latency)
+        return self._record(kind, data, latency)
 
     async def agenerate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                         ignore_eos: bool = False, session: _Session | None = None) -> list[RequestRecord]:
@@ -370,18 +402,26 @@ def _name_too_long(exc: BaseException, reqs: Sequence[StepRequest]) -> None:
 def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, store: ResultsStore, *,
               build: str, config_hash: str, max_tokens: int = 32, logprobs: int = 2,
               ignore_eos: bool = False, all_at_once: bool = False,
-              row_fields: dict | None = None) -> list[dict]:
+              row_fields: dict | None = None, progress: Any = None) -> list[dict]:
     """Drive every episode to its end; returns the rows appended by this call (resume-safe).
     ``row_fields`` are added to every row this call stores (e.g. its ``engine_lifetime``).
 
     Default: each episode sends its next step as soon as its previous answer is stored, with up
     to the runner's concurrency in flight. ``all_at_once=True`` (always so for runners without
     ``agenerate``, e.g. ``OfflineRunner``) runs lock-step waves: the next step of every unfinished
-    episode is sent together, and the next wave waits for the whole wave.
+    episode is sent together, and the next wave waits for the whole wave. ``progress``
+    (``statescope.progress.Progress``) advances once per stored request; rows already stored by
+    an interrupted run count as done.
     """
+    from statescope.progress import progress_or_null
+
     if len(set(episodes)) != len(episodes):
         raise InputError("run_waves episodes: expected distinct episode ids")
+    bar = progress_or_null(progress)
     history = _stored_history(store, build, config_hash, episodes)
+    stored = sum(len(h) for h in history.values())
+    if stored:
+        bar.start_from(bar.done + stored)
     new_rows: list[dict] = []
 
     def next_of(ep: str) -> StepRequest | None:
@@ -399,6 +439,7 @@ def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, stor
         store.append(row)  # flushed and fsync'd before the next step of this episode is built
         history[req.episode].append(row)
         new_rows.append(row)
+        bar.advance()
 
     gen_kw = dict(max_tokens=max_tokens, logprobs=logprobs, ignore_eos=ignore_eos)
     if not hasattr(runner, "agenerate"):

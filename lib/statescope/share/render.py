@@ -64,7 +64,10 @@ def _cells(nb) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source) for c in nb.cells]
 
 
-def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800) -> dict:
+def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800, *, progress=None,
+                 keep_warnings: bool = False) -> dict:
+    """Execute and render one notebook. ``progress`` (``statescope.progress``) advances per code
+    cell; known-benign warnings are dropped from its outputs unless ``keep_warnings``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -79,15 +82,35 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800) -> dict:
     error = None
     try:
         NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                       resources={"metadata": {"path": str(REPO)}}).execute()
+                       resources={"metadata": {"path": str(REPO)}},
+                       on_cell_executed=_cell_hook(progress)).execute()
     except CellExecutionError as exc:
         error = str(exc).strip().splitlines()[-1] if str(exc).strip() else "cell failed"
+    if not keep_warnings:
+        from statescope.quiet import clean_notebook
+
+        clean_notebook(nb)
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path = out_dir / f"{py_path.stem}.html"
     body, _ = HTMLExporter().from_notebook_node(nbformat.from_dict(nb))
     html_path.write_text(body)
     return {"notebook": py_path.stem, "ok": error is None, "error": error,
             "html": str(html_path), "seconds": time.perf_counter() - t0}
+
+
+def _cell_hook(progress):
+    if progress is None:
+        return None
+
+    def on_cell_executed(cell=None, **_):
+        if cell is not None and cell.get("cell_type") == "code":
+            progress.advance()
+
+    return on_cell_executed
+
+
+def code_cells(nb) -> int:
+    return sum(1 for c in nb.cells if c.cell_type == "code")
 
 
 def run_notebooks(names: list[str] | None = None, out_dir: str | Path = "reports") -> list[dict]:
@@ -119,7 +142,8 @@ def _source_notebook(source: str | Path):
 
 def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share", *,
                        parameters: dict | None = None, png: bool = True,
-                       timeout_s: int = 1800, environ: dict | None = None) -> dict:
+                       timeout_s: int = 1800, environ: dict | None = None, progress=None,
+                       keep_warnings: bool = False) -> dict:
     """Execute one notebook and write its scrubbed, shareable renders; see the module docstring.
 
     Returns a result dictionary (notebook, ok, error, seconds, files, figures, parameters). A
@@ -148,6 +172,8 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
             f"import statescope.share.envmanifest as _m\n_m.record_engines({str(engines_log)!r})",
             metadata={"tags": [HOOK_TAG]})
         nb.cells.insert(0, hook)
+        if progress is not None:  # the hook cell, and papermill's injected-parameters cell
+            progress.add_total(1 + bool(parameters))
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nb.metadata.setdefault("language_info", {"name": "python"})
         src, done = Path(tmp) / f"{stem}.ipynb", Path(tmp) / f"{stem}.out.ipynb"
@@ -155,12 +181,17 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
         try:  # saved after each cell: a cell over the timeout still leaves the cells before it
             papermill.execute_notebook(str(src), str(done), parameters=parameters or {},
                                        kernel_name="python3", cwd=str(REPO), progress_bar=False,
-                                       request_save_on_cell_execute=True, execution_timeout=timeout_s)
+                                       request_save_on_cell_execute=True, execution_timeout=timeout_s,
+                                       on_cell_executed=_cell_hook(progress))
         except PapermillExecutionError as exc:
             error = f"cell {exc.exec_count}: {exc.ename}: {exc.evalue}"
         except CellTimeoutError:
             error = f"a cell ran longer than the timeout ({timeout_s} s per cell); the cells after it did not run"
         executed = nbformat.read(done, as_version=4) if done.exists() else nb
+    if not keep_warnings:
+        from statescope.quiet import clean_notebook
+
+        clean_notebook(executed)
         engines = envmanifest.read_engines(engines_log)
     executed.cells = [c for c in executed.cells if HOOK_TAG not in c.get("metadata", {}).get("tags", [])]
     # Every artefact is made from the scrubbed notebook, then checked (statescope.share.publish).
@@ -169,18 +200,24 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
                                 seconds=time.perf_counter() - t0, png=png)
 
 
-def render_all(out_dir: str | Path = "docs/gallery", names: list[str] | None = None, **kw) -> list[dict]:
-    """``render_for_sharing`` for each notebook (default: every one in notebooks/), plus an index."""
+def render_all(out_dir: str | Path = "docs/gallery", names: list[str] | None = None, *,
+               on_start=None, on_done=None, **kw) -> list[dict]:
+    """``render_for_sharing`` for each notebook (default: every one in notebooks/), plus an index.
+    ``on_start(path)`` may return a progress object for that notebook's cells; ``on_done(result)``
+    is called as each notebook finishes (the CLI prints its line there)."""
     from statescope.share.scrub import SecretLeak
 
     out = Path(out_dir) if Path(out_dir).is_absolute() else REPO / out_dir
     results = []
     for p in notebook_paths(names):
+        progress = on_start(p) if on_start else None
         try:
-            results.append(render_for_sharing(p, out_dir, **kw))
+            results.append(render_for_sharing(p, out_dir, progress=progress, **kw))
         except SecretLeak as exc:  # one refused notebook must not stop the others; it still fails
             results.append({"notebook": p.stem, "ok": False, "error": f"render refused: {exc}",
                             "seconds": 0.0, "figures": [], "dir": str(out / p.stem), "summary_chars": 0})
+        if on_done:
+            on_done(results[-1])
     lines = ["# Rendered notebooks (statescope render --all)", "",
              "| notebook | executed | checks | HTML | Markdown | summary |", "|---|---|---|---|---|---|"]
     for r in results:

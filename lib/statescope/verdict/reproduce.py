@@ -30,10 +30,11 @@ from statescope.engine.config import EngineConfig
 from statescope.engine.runners import StepRequest, run_waves
 from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
+from statescope.progress import progress_or_null
 from statescope.records import ResultsStore, config_hash, load_records
 from statescope.verdict.detect import classify_output, compare_to_control
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
-from statescope.workload.trace import TraceStep, build_messages, episodes_of, trace_sha
+from statescope.workload.trace import TraceStep, episodes_of, step_messages, trace_sha
 from statescope.records import rows_by_request
 
 UNITS = ("request", "episode", "engine_lifetime")
@@ -95,16 +96,17 @@ def check_comparable(trigger: ArmRun, control: ArmRun) -> None:
                          "seeds or episodes")
 
 
-def trace_next_step(trace: list[TraceStep], padder=None):
-    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers; steps
-    with a ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
+def trace_next_step(trace: list[TraceStep], padder=None, replay: str | None = None):
+    """A ``run_waves`` next-step function: chat messages grown by the engine's real answers
+    (agent_loop) or as recorded (as_logged; ``replay=None``: the trace's own mode); steps with a
+    ``geometry`` are padded (``statescope.workload.geometry``) to end where the trace asks."""
     by_episode = episodes_of(trace)
 
     def next_step(episode: str, history: list[dict]) -> StepRequest | None:
         steps, k = by_episode[episode], len(history)
         if k >= len(steps):
             return None
-        msgs = build_messages(steps, k, [r["text"] for r in history])
+        msgs = step_messages(steps, k, [r["text"] for r in history], replay)
         geo = steps[k].geometry
         if geo and padder is not None:
             msgs, _ = padder.pad(msgs, geo["align"], geo.get("offset", 0))
@@ -167,14 +169,27 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
     raise InputError(f"reproduce runner={runner!r}: expected 'offline', 'server' or an http(s) URL")
 
 
+def replay_mode(trace: list[TraceStep], replay: str | None = None) -> str:
+    """The replay mode a run of ``trace`` uses: ``replay`` when given, else the trace's own."""
+    from statescope.workload.trace import REPLAYS
+
+    mode = replay or (trace[0].replay if trace else "agent_loop")
+    if mode not in REPLAYS:
+        raise InputError(f"replay={mode!r}: expected one of {REPLAYS}")
+    return mode
+
+
 def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: str = "offline",
             concurrency: int = 32, episodes_per_lifetime: int | None = None,
-            all_at_once: bool = False) -> ArmRun:
+            all_at_once: bool = False, replay: str | None = None, progress=None) -> ArmRun:
     """Run every episode of ``trace`` through one fresh engine for ``arm`` (resume-safe)."""
     episodes = list(episodes_of(trace))
     chunk = episodes_per_lifetime or len(episodes)
     lifetimes = {ep: i // chunk for i, ep in enumerate(episodes)}
     max_tokens = max(s.max_tokens for s in trace)
+    bar = progress_or_null(progress)
+    t0 = time.perf_counter()
+    bar.note(f"{arm.name} arm: starting the engine ({runner})")
     engine = _open_runner(arm, runner, concurrency, store.run_dir / arm.name)
     served: list[dict] = []
     prior = sum(1 for k in store.completed_keys() if k[1] == arm.name and k[2] == arm.key())
@@ -186,14 +201,17 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     metrics: dict = {}
     resolved: dict = {}
     started = time.time()
+    bar.note(f"{arm.name} arm: engine ready in {time.perf_counter() - t0:.0f} s")
     try:
         padder = _padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
-            served += run_waves(engine, episodes[start:start + chunk], trace_next_step(trace, padder),
-                                store, build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
-                                all_at_once=all_at_once, row_fields={"engine_lifetime": lifetime_no})
+            served += run_waves(engine, episodes[start:start + chunk],
+                                trace_next_step(trace, padder, replay_mode(trace, replay)), store,
+                                build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
+                                all_at_once=all_at_once, row_fields={"engine_lifetime": lifetime_no},
+                                progress=progress)
         metrics, resolved = engine.metrics(), engine.resolved()
     finally:
         # this engine's counters and the requests it served, kept beside the records: a resumed
@@ -347,15 +365,20 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
               run_id: str | None = None, runner: str = "offline", unit: str = "episode",
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
               alpha: float = 0.01, action_syntax: bool | None = None,
-              control_run: ArmRun | None = None) -> ReproduceResult:
+              control_run: ArmRun | None = None, replay: str | None = None,
+              trace_info: dict | None = None, progress=None) -> ReproduceResult:
     """Run both arms (control first) and decide. ``action_syntax=None``: grade action syntax only
     when the control speaks the GUI-agent language (≥ 90% valid actions). ``control_run`` re-uses
     a control arm already run on the same trace (its records stay where they were stored).
+    ``replay`` overrides the trace's replay mode; the mode used, and ``trace_info`` (an imported
+    trace's manifest), go into the run's manifest. ``progress`` (``statescope.progress``) counts
+    finished requests of both arms.
     ``run_id=None`` claims a fresh, unique one (``statescope.records.claim_run_id``)."""
     from statescope.records import claim_run_id
     from statescope.verdict.inputs import check_reproduce
     from statescope.workload import guilang
 
+    mode = replay_mode(trace, replay)
     # every argument, the trace and the store, before the first engine starts
     check_reproduce(trigger, control, trace, store_root=store_root, run_id=run_id, runner=runner,
                     unit=unit, concurrency=concurrency, episodes_per_lifetime=episodes_per_lifetime,
@@ -368,12 +391,15 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     with store:
         store.start(resolved_config={"trigger": trigger.config.to_dict(),
                                      "control": control.config.to_dict()},
-                    extra={"labels": trigger.labels + control.labels, "runner": runner})
+                    extra={"labels": trigger.labels + control.labels, "runner": runner,
+                           "replay": mode, "trace": trace_info or {}})
         ctl = control_run or run_arm(control, trace, store, runner=runner,
                                      concurrency=concurrency,
-                                     episodes_per_lifetime=episodes_per_lifetime)
+                                     episodes_per_lifetime=episodes_per_lifetime, replay=mode,
+                                     progress=progress)
         trg = run_arm(trigger, trace, store, runner=runner, concurrency=concurrency,
-                      episodes_per_lifetime=episodes_per_lifetime)
+                      episodes_per_lifetime=episodes_per_lifetime, replay=mode,
+                      progress=progress)
     validator = (guilang.action_validator_for(r["text"] for r in ctl.rows) if action_syntax is None
                  else guilang.is_valid_action if action_syntax else None)
     check_comparable(trg, ctl)

@@ -55,8 +55,9 @@ def step_prompt(episode: Episode, step: int, system_repeat: int = 6) -> str:
 
 
 def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
-                 system_repeat: int = 6) -> list[dict]:
-    """Advance all episodes in waves (one step each per wave); returns one dict per request."""
+                 system_repeat: int = 6, progress=None) -> list[dict]:
+    """Advance all episodes in waves (one step each per wave); returns one dict per request.
+    ``progress`` (``statescope.progress``) advances by each finished wave."""
     rows = []
     n_steps = max(len(e.observations) for e in episodes)
     for step in range(n_steps):
@@ -68,6 +69,8 @@ def run_episodes(engine, episodes: list[Episode], *, max_tokens: int = 16,
             row = rec.to_dict()
             row.update(episode=ep.episode_id, step=step)
             rows.append(row)
+        if progress is not None:
+            progress.advance(len(live))
     return rows
 
 
@@ -93,6 +96,7 @@ PRESETS = {
 
 
 GEOMETRIES = ("before", "at", "after")
+IMAGE_GEOMETRY = "image_across"  # needs --vision: a block boundary inside the step's first image
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -130,9 +134,11 @@ def seeds_trace(name: str, seeds: Sequence[int], *, max_episodes: int | None = N
 
 def preset_trace(name: str, *, vision: bool = False, seed: int = 0,
                  geometry: str | None = None) -> list:
-    """The TraceSteps of a named preset. ``vision`` adds the steps' 1–3 PNG screenshots;
-    ``geometry`` ('before' | 'at' | 'after' | 'mixed') places every prompt end relative to the
-    resolved Mamba block size (applied at run time; 'mixed' cycles the three by step)."""
+    """The TraceSteps of a named preset. ``vision`` puts the steps' 1–3 PNG screenshots *before*
+    the observation text (as GUI agents send them; the trained models then still read the
+    focus line last); ``geometry`` ('before' | 'at' | 'after' | 'mixed') places every prompt end
+    relative to the resolved Mamba block size (applied at run time; 'mixed' cycles the three by
+    step), 'image_across' (with ``vision``) puts a block boundary inside each step's first image."""
     from statescope.workload import guilang
     from statescope.errors import InputError
     from statescope.workload.screenshots import image_part
@@ -140,9 +146,12 @@ def preset_trace(name: str, *, vision: bool = False, seed: int = 0,
 
     if name not in PRESETS:
         raise InputError(f"workload preset {name!r}: expected one of {sorted(PRESETS)}")
-    if geometry not in (None, "mixed") + GEOMETRIES:
-        raise InputError(f"workload geometry {geometry!r}: expected None, 'mixed' or one of "
-                         f"{GEOMETRIES}")
+    if geometry not in (None, "mixed", IMAGE_GEOMETRY) + GEOMETRIES:
+        raise InputError(f"workload geometry {geometry!r}: expected None, 'mixed', "
+                         f"{IMAGE_GEOMETRY!r} (with vision) or one of {GEOMETRIES}")
+    if geometry == IMAGE_GEOMETRY and not vision:
+        raise InputError(f"workload geometry {IMAGE_GEOMETRY!r}: needs vision=True (--vision): "
+                         "the steps carry no image to place")
     n_episodes, n_steps, max_tokens, pad_lines = PRESETS[name]
     steps = []
     for e in range(n_episodes):
@@ -151,7 +160,7 @@ def preset_trace(name: str, *, vision: bool = False, seed: int = 0,
             if pad_lines and step.index == 0:
                 user = "\n".join(f"(log {i}: nothing happened)" for i in range(pad_lines)) + "\n" + user
             content = user if not vision else (
-                [{"type": "text", "text": user}] + [image_part(s) for s in step.screenshots])
+                [image_part(s) for s in step.screenshots] + [{"type": "text", "text": user}])
             geo = None
             if geometry:
                 align = GEOMETRIES[step.index % 3] if geometry == "mixed" else geometry

@@ -4,9 +4,11 @@ What it does: ``render_png(spec)`` draws a window (title bar, widgets as labelle
 values) with Pillow from the deterministic spec ``statescope.workload.guilang`` attaches to each step, and
 ``data_url(png)`` wraps it for an OpenAI ``image_url`` content part. Same spec, same bytes.
 
-What it deliberately does not do: make images a model can read — the tiny models are text-only;
-for them the observation text is the screenshot. The PNGs exist so that vision models and the
-server's multimodal path get the reported request shape (1–3 images per step).
+What it deliberately does not do: make images a model can read — the text-only tiny models never
+see them, and the tiny VLM (``data/models/tiny-vl``) has an untrained vision tower: for both the
+observation text is the screenshot. The PNGs exist so that vLLM's multimodal path (image tokens in
+the prompt, multimodal hashes in prefix-cache keys, the encoder cache) gets the reported request
+shape (1–3 images per step).
 """
 from __future__ import annotations
 

@@ -3,17 +3,24 @@
 Schema (``trace_version`` 1), one JSON object per line:
 
     {"trace_version": 1, "episode": "ep0007", "step": 2,
-     "system": "...",                 # same text on every line of an episode
+     "replay": "agent_loop" | "as_logged",   # how the step's request is built (absent: agent_loop)
+     "system": "..." | null,          # same text on every line of an episode; null: no system turn
      "user": "..." | [parts],         # this step's user turn: text, or OpenAI content parts
                                       #   {"type": "text", "text": ...} and
                                       #   {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
+     "messages": [...],               # as_logged only: the request's whole message list, as recorded
      "max_tokens": 24,
      "expected": "click(id=12)",      # optional: the correct action, for grading
-     "geometry": null | {"align": "before"|"at"|"after", "offset": 0}}   # optional
+     "geometry": null | {"align": "before"|"at"|"after"|"image_across", "offset": 0}}   # optional
 
-A step's request is built at run time: system + every earlier user turn and the *answer the engine
-actually gave* + this user turn, so the prompt grows by a shared prefix (``build_messages``). Steps
-of an episode are numbered 0..n-1 without gaps.
+Two replay modes. *agent_loop*: a step's request is built at run time from system + every earlier
+user turn and the *answer the engine actually gave* + this user turn, so the prompt grows by a
+shared prefix (``build_messages``) — what presets do. *as_logged*: the step sends its recorded
+``messages`` unchanged (an imported request log: ``statescope.workload.importer``); ``system`` and
+``user`` are then optional and only needed to replay the same trace as an agent loop. All lines of
+a trace share one mode. Steps of an episode are numbered 0..n-1 without gaps. The metadata keys
+``request_id``, ``arrival_s``, ``temperature`` and ``log_line`` are kept as ``extra``; any other
+key is an error (a misspelt field must not be ignored).
 
 What it does: write traces from presets (``statescope.workload.episodes.preset_trace``), read and validate
 them (one ``InputError`` naming the file, line number and field), build chat messages.
@@ -31,25 +38,34 @@ from typing import Any, Iterable, Sequence
 from statescope.errors import InputError
 
 TRACE_VERSION = 1
-ALIGNS = ("before", "at", "after")
+ALIGNS = ("before", "at", "after", "image_across")
+REPLAYS = ("agent_loop", "as_logged")
+# optional per-request metadata an imported log carries (kept in ``TraceStep.extra``); any other
+# key is refused, so a misspelt field is not ignored
+METADATA = ("request_id", "arrival_s", "temperature", "log_line")
 
 
 @dataclass
 class TraceStep:
     episode: str
     step: int
-    system: str
-    user: Any  # str or list of content parts
+    system: str | None
+    user: Any  # str or list of content parts (None: an as_logged step without a user turn)
     max_tokens: int = 24
     expected: str | None = None
     geometry: dict | None = None
     extra: dict = field(default_factory=dict)
+    replay: str = "agent_loop"
+    messages: list | None = None  # as_logged: the recorded request
     # where the step was read ("trace.jsonl:12"), for errors; not part of the step itself
     source: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         out = {"trace_version": TRACE_VERSION, "episode": self.episode, "step": self.step,
-               "system": self.system, "user": self.user, "max_tokens": self.max_tokens}
+               "replay": self.replay, "system": self.system, "user": self.user,
+               "max_tokens": self.max_tokens}
+        if self.messages is not None:
+            out["messages"] = self.messages
         if self.expected is not None:
             out["expected"] = self.expected
         if self.geometry is not None:
@@ -59,7 +75,11 @@ class TraceStep:
 
     @property
     def n_images(self) -> int:
-        if isinstance(self.user, str):
+        """Images of this step's own turn (as_logged: of its whole recorded request)."""
+        if self.messages is not None:
+            return sum(1 for m in self.messages if isinstance(m.get("content"), list)
+                       for p in m["content"] if p.get("type") == "image_url")
+        if not isinstance(self.user, list):
             return 0
         return sum(1 for p in self.user if p.get("type") == "image_url")
 
@@ -68,11 +88,11 @@ def _fail(path: Path | str, lineno: int, what: str) -> None:
     raise InputError(f"{path}:{lineno}: {what}")
 
 
-def _check_parts(path, lineno, parts: Any) -> None:
+def _check_parts(path, lineno, parts: Any, where: str = "user") -> None:
     if isinstance(parts, str):
         return
     if not isinstance(parts, list) or not parts:
-        _fail(path, lineno, "field 'user': expected a string or a non-empty list of content parts")
+        _fail(path, lineno, f"field {where!r}: expected a string or a non-empty list of content parts")
     for i, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
@@ -80,8 +100,19 @@ def _check_parts(path, lineno, parts: Any) -> None:
         if kind == "image_url" and isinstance(part.get("image_url"), dict) \
                 and str(part["image_url"].get("url", "")).startswith(("data:image/", "http", "file:")):
             continue
-        _fail(path, lineno, f"field 'user[{i}]': expected {{'type': 'text', 'text': str}} or "
+        _fail(path, lineno, f"field '{where}[{i}]': expected {{'type': 'text', 'text': str}} or "
                             "{'type': 'image_url', 'image_url': {'url': 'data:image/...'}}")
+
+
+def _check_messages(path, lineno, messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        _fail(path, lineno, "field 'messages': expected a non-empty list of chat messages "
+                            "(an as_logged step)")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            _fail(path, lineno, f"field 'messages[{i}]': expected {{'role': str, 'content': ...}}")
+        if m["content"] is not None and not (m["role"] == "assistant" and m["content"] == ""):
+            _check_parts(path, lineno, m["content"], f"messages[{i}].content")
 
 
 def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> TraceStep:
@@ -92,7 +123,7 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
         _fail(path, lineno, f"field 'trace_version': expected {TRACE_VERSION}, "
                             f"got {obj.get('trace_version')!r}")
     for key, typ, desc in (("episode", str, "a string"), ("step", int, "an integer >= 0"),
-                           ("system", str, "a string"), ("max_tokens", int, "an integer >= 1")):
+                           ("max_tokens", int, "an integer >= 1")):
         value = obj.get(key)
         if not isinstance(value, typ) or isinstance(value, bool):
             _fail(path, lineno, f"field {key!r}: expected {desc}, got {value!r}")
@@ -100,22 +131,38 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
         _fail(path, lineno, "field 'step' must be >= 0 and 'max_tokens' >= 1")
     if obj.get("expected") is not None and not isinstance(obj["expected"], str):
         _fail(path, lineno, f"field 'expected': expected a string or null, got {obj['expected']!r}")
-    if "user" not in obj:
-        _fail(path, lineno, "field 'user': missing")
-    _check_parts(path, lineno, obj["user"])
+    replay = obj.get("replay", "agent_loop")
+    if replay not in REPLAYS:
+        _fail(path, lineno, f"field 'replay': expected one of {REPLAYS}, got {replay!r}")
+    if replay == "as_logged":
+        _check_messages(path, lineno, obj.get("messages"))
+    if replay == "agent_loop" or obj.get("user") is not None:
+        if "system" not in obj:
+            _fail(path, lineno, "field 'system': missing (expected a string or null)")
+        if "user" not in obj:
+            _fail(path, lineno, "field 'user': missing")
+        _check_parts(path, lineno, obj["user"])
+    system = obj.get("system")
+    if system is not None and not isinstance(system, str):
+        _fail(path, lineno, f"field 'system': expected a string or null, got {system!r}")
     geo = obj.get("geometry")
     if geo is not None and (not isinstance(geo, dict) or geo.get("align") not in ALIGNS
                             or not isinstance(geo.get("offset", 0), int)):
         _fail(path, lineno, f"field 'geometry': expected null or {{'align': one of {ALIGNS}, "
                             "'offset': int}")
     known = {"trace_version", "episode", "step", "system", "user", "max_tokens", "expected",
-             "geometry"}
+             "geometry", "replay", "messages", *METADATA}
     unknown = sorted(set(obj) - known)
     if unknown:  # a misspelt field ("max_token") must not be ignored silently
         _fail(path, lineno, f"unknown field(s) {unknown}; expected fields from {sorted(known)}")
-    return TraceStep(obj["episode"], obj["step"], obj["system"], obj["user"], obj["max_tokens"],
-                     obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in known},
-                     source=f"{path}:{lineno}")
+    if obj.get("temperature") is not None and (not isinstance(obj["temperature"], (int, float))
+                                               or isinstance(obj["temperature"], bool)):
+        _fail(path, lineno, f"field 'temperature': expected a number or null, got "
+                            f"{obj['temperature']!r}")
+    core = known - set(METADATA)
+    return TraceStep(obj["episode"], obj["step"], system, obj.get("user"), obj["max_tokens"],
+                     obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in core},
+                     replay=replay, messages=obj.get("messages"), source=f"{path}:{lineno}")
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:
@@ -148,6 +195,9 @@ def read_trace(path: str | Path) -> list[TraceStep]:
             _fail(path, lineno, f"field 'step': episode {step.episode!r} expected step {want}, "
                                 f"got {step.step}")
         next_step[step.episode] = want + 1
+        if steps and step.replay != steps[0].replay:
+            _fail(path, lineno, f"field 'replay': {step.replay!r}, but line 1 says "
+                                f"{steps[0].replay!r} (one replay mode per trace)")
         steps.append(step)
     if not steps:
         raise InputError(f"{path}: trace is empty (expected one JSON object per line)")
@@ -181,7 +231,12 @@ def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]
     if len(answers) < step:
         raise InputError(f"episode {episode_steps[0].episode!r} step {step}: needs {step} earlier "
                          f"answers, got {len(answers)}")
-    msgs = [{"role": "system", "content": episode_steps[0].system}]
+    missing = [s.step for s in episode_steps[:step + 1] if s.user is None]
+    if missing:
+        raise InputError(f"episode {episode_steps[0].episode!r} step {missing[0]}: no 'user' turn "
+                         "recorded, so it cannot be replayed as an agent loop (replay it as_logged)")
+    system = episode_steps[0].system
+    msgs = [] if system is None else [{"role": "system", "content": system}]
     for k in range(step):
         msgs += [{"role": "user", "content": episode_steps[k].user},
                  {"role": "assistant", "content": answers[k]}]
@@ -192,9 +247,29 @@ def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]
 def trace_sha(trace: Sequence[TraceStep]) -> str:
     """16 hex digits identifying a trace: every step's episode, step, messages (images included),
     max_tokens, geometry and extra fields, in order. Two arms are only comparable on one trace."""
-    canon = json.dumps([s.to_json() for s in trace], sort_keys=True, separators=(",", ":"),
+    # the default replay mode is left out, so a preset trace keeps the sha it had before the
+    # field existed (committed runs are compared by it)
+    lines = [{k: v for k, v in s.to_json().items() if (k, v) != ("replay", "agent_loop")}
+             for s in trace]
+    canon = json.dumps(lines, sort_keys=True, separators=(",", ":"),
                        ensure_ascii=False, default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def step_messages(episode_steps: list[TraceStep], step: int, answers: list[str],
+                  replay: str | None = None) -> list[dict]:
+    """The request of ``step`` in ``replay`` mode (default: the trace's own): the recorded messages
+    (as_logged) or the agent loop rebuilt from the engine's ``answers`` (agent_loop)."""
+    mode = replay or episode_steps[step].replay
+    if mode not in REPLAYS:
+        raise InputError(f"replay={mode!r}: expected one of {REPLAYS}")
+    if mode == "as_logged":
+        recorded = episode_steps[step].messages
+        if recorded is None:
+            raise InputError(f"episode {episode_steps[0].episode!r} step {step}: no recorded "
+                             "'messages' (a preset trace replays as agent_loop only)")
+        return [dict(m) for m in recorded]
+    return build_messages(episode_steps, step, answers)
 
 
 def prompt_sha(token_ids: Sequence[int]) -> str:
