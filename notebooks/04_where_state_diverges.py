@@ -28,7 +28,9 @@
 # **The fault here is planted.** The vLLM 0.28.0 CPU build copies with `memmove`, so H-copy
 # cannot happen on it. We make the CPU kernels copy like a parallel tiled copy with no barrier
 # (`barrierless_tiles`). The mechanism then shows up labelled **EMULATED**. This demonstrates the
-# instrument; it is not a finding about a GPU build.
+# instrument; it is not a finding about a GPU build. On a GPU there is nothing to plant into
+# (`emulated` is False): the second run is the trigger configuration again, unlabelled, and any
+# divergence it shows is real.
 
 # %% [markdown]
 # ## 1 · Two runs of the same prompts
@@ -52,6 +54,8 @@ import tempfile
 from statescope.patches import cpu_kernels
 out = tempfile.mkdtemp(prefix="statescope-diverge-")
 reference, _ = record(engine, {"output_dir": out, "run_id": "memmove"}, prompts)
+emulated = cpu_kernels.is_installed()  # False on a GPU: the real kernels copy, nothing is planted
+emulated
 
 # %%
 cpu_kernels.set_copy_semantics("barrierless_tiles", 8192)
@@ -96,7 +100,7 @@ report.heatmap()
 
 # %%
 from statescope.diverge import hypothesis_table, run_context
-context = run_context(planted, planted="barrierless_tiles")
+context = run_context(planted, planted="barrierless_tiles" if emulated else None)
 context
 
 # %%

@@ -138,13 +138,15 @@ copy = dd.reports(study, "barrierless_tiles")["replay"]
 copy
 
 # %%
-hypothesis_table(copy, run_context(study.runs["barrierless_tiles"][0].run, planted="barrierless_tiles"))
+hypothesis_table(copy, run_context(study.runs["barrierless_tiles"][0].run, planted=dd.planted_as(study, "barrierless_tiles")))
 
 # %% [markdown]
 # **Verdict: supports (EMULATED).** Each request with an in-place shift diverges in the
 # step of that shift. Only the conv window diverges there, starting at row 0, the leading row.
 # The recurrent state follows one step later. H-copy ranks first. The label says EMULATED:
 # the CPU build copies with `memmove`, so this is the barrier-less tile semantics we planted.
+# (On a GPU nothing is emulated: the real kernels copy, `planted_as` gives no label, and the
+# run is the clean configuration again — what it shows there is real.)
 
 # %% [markdown]
 # ## Check 2 · H-accept: the state update uses another request's accepted count (PLANTED)
@@ -162,7 +164,7 @@ accept["replay"]
 [dd.planted_step(study, "permute_accepted", i)["req_step"] for i in range(2)]
 
 # %%
-hypothesis_table(accept["replay"], run_context(study.runs["permute_accepted"][0].run, planted="permute_accepted"))
+hypothesis_table(accept["replay"], run_context(study.runs["permute_accepted"][0].run, planted=dd.planted_as(study, "permute_accepted")))
 
 # %% [markdown]
 # **Verdict: supports (PLANTED), and it refines the signature.** Both swapped requests diverge
@@ -186,10 +188,10 @@ hypothesis_table(accept["replay"], run_context(study.runs["permute_accepted"][0]
 
 # %%
 lost = dd.reports(study, "drop_postprocess_copy")["replay"]
-lost.diverged[0]
+lost.diverged[0] if lost.diverged else f"no request diverged (planted: {study.planted['drop_postprocess_copy']})"
 
 # %%
-hypothesis_table(lost, run_context(study.runs["drop_postprocess_copy"][0].run, planted="drop_postprocess_copy"))
+hypothesis_table(lost, run_context(study.runs["drop_postprocess_copy"][0].run, planted=dd.planted_as(study, "drop_postprocess_copy")))
 
 # %% [markdown]
 # **Verdict: supports H-lostcopy (PLANTED); H-copy is contradicted.** The request diverges in
@@ -210,7 +212,7 @@ hypothesis_table(lost, run_context(study.runs["drop_postprocess_copy"][0].run, p
 
 # %%
 row = dd.reports(study, "perturb_conv_row")["replay"]
-{k: row.diverged[0][k] for k in ("req_id", "first_step", "position", "kinds", "layers", "magnitude")}
+{k: row.diverged[0][k] for k in ("req_id", "first_step", "position", "kinds", "layers", "magnitude")} if row.diverged else "no request diverged"
 
 # %%
 dd.planted_step(study, "perturb_conv_row")["req_step"]
@@ -283,17 +285,17 @@ from statescope.share import figures
 views.conv_diff_viewer(study.runs["drop_postprocess_copy"][0], study.replays["drop_postprocess_copy"], study.tolerance)
 
 # %%
-first = lost.diverged[0]
-fig = views.conv_window_figure(study.runs["drop_postprocess_copy"][0], study.replays["drop_postprocess_copy"],
+first = (lost.diverged or [None])[0]  # None: nothing to draw (the figures below then say so)
+fig = None if first is None else views.conv_window_figure(study.runs["drop_postprocess_copy"][0], study.replays["drop_postprocess_copy"],
                                first["req_id"], first["first_step"], first["layers"][0], study.tolerance)
 fig
 
 # %%
-timeline = views.request_timeline(study.runs["drop_postprocess_copy"][0], first["req_id"], lost)
+timeline = None if first is None else views.request_timeline(study.runs["drop_postprocess_copy"][0], first["req_id"], lost)
 timeline
 
 # %%
-[figures.export_png(f, study.out / f"{n}.png") for n, f in (("conv_window", fig), ("timeline", timeline))]
+[figures.export_png(f, study.out / f"{n}.png") for n, f in (("conv_window", fig), ("timeline", timeline)) if f is not None]
 
 # %% [markdown]
 # `export_png` reports either the file it wrote or why it could not write one (for example, no

@@ -108,8 +108,14 @@ def record_study(engine: Any, out: str | Path, prompts: list, faults: dict[str, 
                 uninstall_fault()
             study.faults[name], study.planted[name] = spec, list(spec.planted)
         else:
+            from statescope.patches import cpu_kernels
+
             study.runs[name] = _with_copy_semantics(spec, lambda: _states(*rec(name, prompts)))
-            study.faults[name], study.planted[name] = spec, []
+            # copy semantics are planted only where statescope's CPU kernels run; on a GPU the
+            # real kernels copy and this run is the clean configuration again
+            study.faults[name] = spec
+            study.planted[name] = [{"semantics": spec[0], "tile": spec[1]}] \
+                if cpu_kernels.is_installed() else []
     return study
 
 
@@ -126,6 +132,12 @@ def _with_copy_semantics(semantics: tuple[str, int], run: Any) -> Any:
     finally:
         cpu_kernels.set_copy_semantics("memmove")
         capture_run.DEVICE_PATH_ON_CPU = False
+
+
+def planted_as(study: Study, name: str) -> str | None:
+    """The label run ``name`` may carry in a hypothesis table: ``name`` when its fault fired or its
+    copy semantics were in force, else None (nothing was planted: what it shows is real)."""
+    return name if study.planted.get(name) else None
 
 
 def _states(run: Any, records: list) -> tuple:
