@@ -10,6 +10,9 @@
 #   bash scripts/gpu_cli.sh issue19 [BUDGET_S]           # 0.26.0: the README's commands (below)
 #   bash scripts/gpu_cli.sh releases VERSION...          # release x runner x async cells (+ AMPLIFIED)
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
+#   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
+#                                                        #   the GPU (two renders side by side) + the
+#                                                        #   CUDA tests and digest benchmark (issue 20)
 #
 # Runs live under /tmp/ss (the machine's /tmp is gone when it is given back); each command's stdout
 # (its --json report) and stderr are kept beside its run, and `commands.txt` lists every command as
@@ -99,6 +102,38 @@ render19() {  # notebooks executed on the GPU (papermill); PNGs need a browser t
     06_hypotheses --out "$SS/$v/gallery-gpu" --no-png --json
 }
 
+cuda_checks() {  # the CUDA-only tests and the digest benchmark, in a release's Python; pytest from
+  # .gk-pytest/site when the image has none (appended: the image's own packages win)
+  local v=${SS_RELEASE:-0.26.0} dir="$SS/${SS_RELEASE:-0.26.0}/cuda"
+  mkdir -p "$dir"
+  ( activate "$v" && cd "$REPO" && export PYTHONPATH="$PYTHONPATH:$REPO/.gk-pytest/site" &&
+    printf 'cuda_tests\tvllm %s\tpytest tests/test_digest_triton.py tests/test_digest.py tests/test_digest_graph.py\n' "$v" >> "$SS/commands.txt" &&
+    timeout 420 "$PY" -m pytest -q -p no:cacheprovider -rA tests/test_digest_triton.py tests/test_digest.py \
+      tests/test_digest_graph.py > "$dir/pytest.log" 2>&1; echo "rc=$?" >> "$dir/pytest.log" )
+  ( activate "$v" && cd "$REPO" &&
+    printf 'bench_digest_gpu\tvllm %s\tpython benchmarks/bench_digest_gpu.py --layers 18 --requests 32\n' "$v" >> "$SS/commands.txt" &&
+    timeout 300 "$PY" benchmarks/bench_digest_gpu.py --layers 18 --requests 32 > "$dir/bench_digest_gpu.json" \
+      2> "$dir/bench_digest_gpu.err"; echo "rc=$?" >> "$dir/bench_digest_gpu.err" )
+  tail -3 "$dir/pytest.log"; tail -c 600 "$dir/bench_digest_gpu.json"
+}
+
+gallery() {  # DEADLINE_S: the notebooks on the GPU, split in two renders side by side, + cuda_checks
+  local v=${SS_RELEASE:-0.26.0} deadline=$(( $(date +%s) + ${1:-420} ))
+  mkdir -p "$SS/logs"
+  ( bash "$0" setup "$v" > "$SS/logs/setup.log" 2>&1
+    ( SS_TIMEOUT=${SS_RENDER_TIMEOUT:-400} ss render_a "$v" render 00_quickstart 01_reproduce \
+        03_capture_states --out "$SS/$v/gallery-gpu" --no-png --json ) &
+    ( SS_TIMEOUT=${SS_RENDER_TIMEOUT:-400} ss render_b "$v" render 04_where_state_diverges \
+        06_hypotheses --out "$SS/$v/gallery-gpu" --no-png --json ) &
+    cuda_checks > "$SS/logs/cuda.log" 2>&1 &
+    wait ) > "$SS/logs/gallery.log" 2>&1 &
+  while [ -n "$(jobs -rp)" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+  echo "gallery: $(jobs -rp | wc -w) job(s) still running at the deadline"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+  tar czf "$OUT/gallery.tar.gz" -C "$SS" "$v" logs commands.txt
+  ls -la "$OUT"; tail -n 30 "$SS"/logs/*.log | cut -c1-220
+}
+
 releases() {  # VERSION...: per release and runner, the trigger vs its async-off control; on V1 the
   # AMPLIFIED triggers (both orderings, and the amplifier under accept_sync), on V2 the amplifier
   # alone (nothing to amplify there: it must change nothing) -- each vs that same control run
@@ -170,6 +205,8 @@ case "${1:-}" in
   doctor) shift; doctor_all "$@" ;;
   issue19) issue19 ;;
   render19) render19 ;;
+  gallery) shift; gallery "$@" ;;
+  cuda_checks) cuda_checks ;;
   releases) shift; releases "$@" ;;
   pack) shift; pack "$@" ;;
   *) sed -n 2,17p "$0"; exit 2 ;;
