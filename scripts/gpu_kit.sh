@@ -19,6 +19,10 @@
 #                                                   install_all.sh into the final call's chunk. NAME:
 #                                                   torch213, vVERSION, tools (default: all built)
 #   gpu_kit.sh resolve VERSION [OUT]                candidate pin list for a release (see gpu_pins/)
+#   gpu_kit.sh pytest [VENV]                        pure-Python pytest (+ pluggy, iniconfig, packaging,
+#                                                   pygments) copied from VENV (default .venv) into
+#                                                   .gk-pytest/site, carried as is (gpu_cli.sh
+#                                                   cuda_checks appends it to PYTHONPATH)
 #   gpu_kit.sh check VERSION|tools                  local test: pip --no-index --no-deps --target of
 #                                                   every shipped wheel in a Python 3.12 venv, then
 #                                                   every shipped dist's Requires-Dist is looked up
@@ -853,7 +857,22 @@ cmd_check() {
   "$VENV312/bin/python" "$work/gk_helper.py" check --target "$work/target" --image-model "${t213[@]}" "${ns[@]}" --strict
 }
 
+cmd_pytest() {
+  local venv=${1:-$ROOT/.venv} site
+  site=$(echo "$venv"/lib/python3*/site-packages)
+  [ -d "$site/_pytest" ] || { echo "gpu_kit pytest: no pytest in $site" >&2; return 2; }
+  rm -rf "$ROOT/.gk-pytest" && mkdir -p "$ROOT/.gk-pytest/site"
+  local d
+  for d in pytest _pytest pluggy iniconfig packaging pygments py.py; do
+    cp -r "$site/$d" "$ROOT/.gk-pytest/site/"
+  done
+  cp -r "$site"/pytest-*.dist-info "$site"/pluggy-*.dist-info "$site"/iniconfig-*.dist-info "$ROOT/.gk-pytest/site/"
+  find "$ROOT/.gk-pytest" -name __pycache__ -prune -exec rm -rf {} +
+  du -sh "$ROOT/.gk-pytest"
+}
+
 case "${1:-}" in
+  pytest)   shift; cmd_pytest "$@" ;;
   release)  shift; cmd_release "$@" ;;
   torch213) shift; cmd_torch213 "$@" ;;
   tools)    shift; cmd_tools "$@" ;;
