@@ -20,8 +20,11 @@ requests);
   trigger arm's requests, used to plant a regression "from a chosen build on" and always labelled
   PLANTED.
 
-Patches other than ``overlap_safe_copy`` and ``accept_sync`` apply to the trigger arm only: the control is the reference
-configuration and must stay a clean baseline. What it deliberately does not do: change installed
+Every patch applies to the trigger arm only (``statescope.verdict.reproduce`` installs the
+process-wide ones -- ``overlap_safe_copy``, ``accept_sync``, ``amplify_accept_race`` -- for the
+trigger's engine and removes them before the next arm's; a build cell passes a build spec's ones
+as the trigger arm's own, ``statescope.builds.cell``): the control is the reference configuration
+and must stay a clean baseline. What it deliberately does not do: change installed
 files (every patch is a runtime wrapper) or run anything.
 """
 from __future__ import annotations
