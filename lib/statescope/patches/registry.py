@@ -5,8 +5,8 @@ can list. ``parse_patch`` reads ``NAME`` or ``planted_regression=RATE`` (the sha
 requests);
 ``apply_patches`` applies them inside the build's own process, before the engine starts:
 
-- ``overlap_safe_copy``: ``statescope.patches.overlap_safe`` wraps vLLM's ``batch_memcpy`` (process-wide,
-  so both arms get it; it only changes overlapping copies, which are the H-copy race);
+- ``overlap_safe_copy``: ``statescope.patches.overlap_safe`` wraps vLLM's ``batch_memcpy`` (process-wide
+  while the trigger arm's engine runs; it only changes overlapping copies, which are the H-copy race);
 - ``accept_sync``: ``statescope.patches.accept_sync`` wraps the GPU runner's ``_update_states`` so the host
   accepted counts keep the previous step's row order until vLLM remaps them (process-wide; it only
   acts under async scheduling, which is the H-accept race);
