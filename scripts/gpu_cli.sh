@@ -9,6 +9,8 @@
 #   bash scripts/gpu_cli.sh doctor VERSION...            # statescope doctor per release (warms JIT caches)
 #   bash scripts/gpu_cli.sh issue19 [BUDGET_S]           # 0.26.0: the README's commands (below)
 #   bash scripts/gpu_cli.sh releases VERSION...          # release x runner x async cells (+ AMPLIFIED)
+#   bash scripts/gpu_cli.sh bisect_live [MAX_S]          # live bisections over the kit's releases
+#                                                        # (default / V1 forced / V1 AMPLIFIED), packed
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
@@ -42,7 +44,7 @@ activate() {  # VERSION: the release's env.sh from the kit, then this checkout's
 
 ss() {  # NAME VERSION ARGS...: one statescope command, logged; its stdout is its report
   local name=$1 v=$2; shift 2
-  local dir="$SS/$v/$name"
+  local dir="${SS_JOBDIR:-$SS/$v}/$name"
   mkdir -p "$dir"
   printf '%s\tvllm %s\tstatescope %s\n' "$name" "$v" "$*" >> "$SS/commands.txt"
   ( activate "$v" && cd "$REPO" && timeout "${SS_TIMEOUT:-560}" \
@@ -160,6 +162,44 @@ releases() {  # VERSION...: per release and runner, the trigger vs its async-off
   wait
 }
 
+bisect_live() {  # [MAX_S]: live Bayesian bisections (find-fix) over the kit's releases, side by
+  # side: (a) the default setting, (b) V1 forced on both arms, (c) (b) AMPLIFIED. One driver per
+  # bisection runs in one release's Python (SS_BISECT_DRIVER); every cell runs in its own release
+  # (env:/tmp/vllm-X: env.sh sourced for the cell). Each starts no probe that would end past MAX_S
+  # (default 270); reports and cells under $SS/bisect, packed into $OUT/bisect.tar.gz.
+  local max_s=${1:-270} drv=${SS_BISECT_DRIVER:-0.32.0} B="$SS/bisect"
+  local envs="" v
+  for v in ${SS_BISECT_RELEASES:-0.26.0 0.28.0 0.30.0 0.32.0}; do envs="$envs env:/tmp/vllm-$v"; done
+  mkdir -p "$B/runs"
+  # 3 seeds x 8 episodes = 24 units a cell; budget 4 probes; seeds shift per re-probe of a build
+  # shellcheck disable=SC2086
+  local common="--builds $envs --mode fix --model $MODEL --preset $PRESET --control no_async
+    --seeds ${SS_BISECT_SEEDS:-0:3} --budget ${SS_BISECT_BUDGET:-96} --max-seconds $max_s
+    --runs $B/runs --json"
+  [ "${SS_WARM:-0}" = 1 ] && SS_JOBDIR="$B/warm" doctor_all ${SS_BISECT_RELEASES:-0.26.0 0.28.0 0.30.0 0.32.0}
+  # shellcheck disable=SC2086
+  SS_JOBDIR="$B" bg ss default "$drv" bisect $common
+  # shellcheck disable=SC2086
+  SS_JOBDIR="$B" bg ss v1_forced "$drv" bisect $common --both-set model_runner=v1
+  # shellcheck disable=SC2086
+  SS_JOBDIR="$B" bg ss v1_amplified "$drv" bisect $common --both-set model_runner=v1 \
+    --trigger-patch amplify_accept_race
+  wait
+  for v in default v1_forced v1_amplified; do  # the human-readable answer of each, from its JSON
+    PYTHONPATH="$REPO/lib" "$PY" - "$B/$v/stdout.json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+c, k = d.get("cost", {}), d.get("check", {})
+print(sys.argv[1].split("/")[-2], "|", " ".join(m.split(" ")[0] for m in d.get("marks", [])) or "-",
+      "|", k.get("verdict"), "| probes", [(p["label"], f"{p['k']}/{p['n']}") for p in d["probes"]],
+      "| engine starts", c.get("engine_starts"), "| wall s", c.get("wall_seconds"),
+      "| stopped", d.get("stopped"))
+PY
+  done
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$B/nvidia-smi.txt" 2>/dev/null
+  pack bisect "$B"
+}
+
 pack() {  # NAME DIR...: records compacted (the fields a verdict reads), reports, logs -> $OUT/NAME.tar.gz
   local name=$1; shift
   local stage="$SS/pack-$name"
@@ -208,6 +248,7 @@ case "${1:-}" in
   gallery) shift; gallery "$@" ;;
   cuda_checks) cuda_checks ;;
   releases) shift; releases "$@" ;;
+  bisect_live) shift; bisect_live "$@" ;;
   pack) shift; pack "$@" ;;
-  *) sed -n 2,17p "$0"; exit 2 ;;
+  *) sed -n 2,19p "$0"; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 
 What it does: ``ProbeRecord`` is one probe (item, failures/requests, the most likely location and
 its mass after it); ``BisectResult`` holds all of them with the prior and every posterior (and,
-for builds, each build's source census brief: ``statescope.builds.census``), says
+for builds, each build's source census brief: ``statescope.builds.census``, and for live
+bisections the cells run, their cost, the checked answer and the trigger arm's labels), says
 what the answer means for its mode, serialises to JSON (``to_dict``, what ``statescope bisect
 --json`` prints), renders an HTML table in notebooks and a Plotly heatmap of the posterior over
 the change location after every probe (``posterior_figure``).
@@ -46,6 +47,13 @@ class BisectResult:
     settings: dict = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # label -> why it could not be probed
     census: dict[str, str] = field(default_factory=dict)  # label -> the build's census brief
+    # live bisections over builds (statescope bisect --builds): every cell run, what they cost,
+    # the answer checked against the probes (statescope.bisect.answer), and the PATCHED /
+    # AMPLIFIED / PLANTED labels of the trigger arm every probe carried
+    cells: list[dict] = field(default_factory=list)
+    cost: dict = field(default_factory=dict)
+    check: dict = field(default_factory=dict)
+    marks: list[str] = field(default_factory=list)
 
     @property
     def answer(self) -> str:
@@ -99,7 +107,9 @@ class BisectResult:
                 marker={"color": colour, "symbol": symbol, "size": 9},
                 name="probe with failures" if failed else "clean probe",
                 text=[f"{p.k}/{p.n} failed" for p in ps], hoverinfo="text+x+y"))
-        fig.update_layout(title=f"{self.method} bisection ({self.mode}): {self.answer} "
+        marks = "".join(f"{w} " for w in dict.fromkeys(m.split(" ")[0].rstrip(":") for m in self.marks)
+                        if w.isupper())
+        fig.update_layout(title=f"{marks}{self.method} bisection ({self.mode}): {self.answer} "
                                 f"(mass {self.confidence:.2f}, {self.requests_used} requests)",
                           xaxis_title="change location (first item after the change)",
                           yaxis_title="after probe #", height=260 + 14 * len(z), width=760)

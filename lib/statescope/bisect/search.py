@@ -56,10 +56,12 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
                     requests_per_probe: int = 20, budget: int | None = None,
                     confidence: float = 0.95, max_probes: int = 200, prior: RatePrior | None = None,
                     observations: dict[int, tuple[int, int]] | None = None,
-                    labels: Sequence[str] | None = None) -> BisectResult:
+                    labels: Sequence[str] | None = None,
+                    stop_when: Callable[[], bool] | None = None) -> BisectResult:
     """Probe the item of largest expected information gain until one location has ``confidence``.
 
-    ``budget`` caps the total requests (None: only ``max_probes`` caps); ``observations`` adds
+    ``budget`` caps the total requests (None: only ``max_probes`` caps); ``stop_when()`` is asked
+    before each probe and True ends the search (stopped: "time limit"); ``observations`` adds
     counts already measured, {item index: (n, k)}, e.g. the reproduction on the last build. An
     item whose probe raises ``EnvironmentBroken`` (a build that does not install or run) is skipped
     from then on, like ``git bisect skip``; the posterior then cannot split it from its neighbour."""
@@ -80,6 +82,9 @@ def bayesian_bisect(items: Sequence, probe: Probe, *, mode: str = "regression",
             break
         if budget is not None and used + requests_per_probe > budget:
             stopped = "budget"
+            break
+        if stop_when is not None and stop_when():
+            stopped = "time limit"
             break
         gain = post.information_gain(requests_per_probe)
         gain[list(skipped_at)] = -1.0

@@ -62,6 +62,14 @@ def installed_tree() -> SourceTree:
 def build_tree(name: str | BuildSpec) -> SourceTree:
     """The sources of an environment made by ``statescope build add`` (spec text or install key)."""
     text = name.text if isinstance(name, BuildSpec) else str(name)
+    if not _KEY.match(text) and BuildSpec.parse(text).existing:  # env:/python: the vllm it imports
+        from statescope.builds.existing import vllm_location
+
+        spec = BuildSpec.parse(text)
+        where = vllm_location(spec)
+        if where is None:
+            raise InputError(f"build {text!r}: its interpreter finds no vllm")
+        return SourceTree.locate(where, origin="build", label=spec.label)
     key = text if _KEY.match(text) else BuildSpec.parse(text).install_key()
     path = builds_dir() / key
     info = json.loads((path / "build.json").read_text()) if (path / "build.json").is_file() else {}

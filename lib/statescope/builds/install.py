@@ -8,7 +8,8 @@ variables pass through, translated into ``uv`` options), then statescope itself 
 dependencies, and checks that vLLM imports. A commit spec's wheel is fetched from vLLM's
 per-commit index (``COMMIT_INDEX``) only. Every command and its output go to ``install.log``; a
 build that cannot be installed raises ``BuildFailed`` with that log, and stays failed until
-re-added with ``force``. ``list_builds`` / ``remove_build`` manage the cache.
+re-added with ``force``. An existing environment (``env:DIR`` / ``python:PATH``) installs nothing:
+``ensure_build`` only checks it (``statescope.builds.existing.check_existing``). ``list_builds`` / ``remove_build`` manage the cache.
 
 What it deliberately does not do: build vLLM from source, share an environment between specs that
 install different things, run experiments, or delete environments on its own.
@@ -185,6 +186,10 @@ def ensure_build(spec: BuildSpec | str, *, force: bool = False, installer: str =
     spec = BuildSpec.parse(spec)
     if installer not in ("auto", "uv", "pip"):
         raise InputError(f"installer={installer!r}: expected 'auto', 'uv' or 'pip'")
+    if spec.existing:  # someone else's environment: check it, never install into it
+        from statescope.builds.existing import check_existing
+
+        return check_existing(spec)
     path = builds_dir() / spec.install_key()
     with _locked(path):
         meta = path / "build.json"

