@@ -11,6 +11,9 @@
 #   bash scripts/gpu_cli.sh releases VERSION...          # release x runner x async cells (+ AMPLIFIED)
 #   bash scripts/gpu_cli.sh bisect_live [MAX_S]          # live bisections over the kit's releases
 #                                                        # (default / V1 forced / V1 AMPLIFIED), packed
+#   bash scripts/gpu_cli.sh v2capture VERSION            # capture on Model Runner V2: trigger vs
+#                                                        # async-off reference, census, continuity,
+#                                                        # diverge, V2 capture overhead; packed
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
@@ -200,6 +203,58 @@ PY
   pack bisect "$B"
 }
 
+v2capture() {  # VERSION: the capture on Model Runner V2 (issue 21): trigger (async on) and its async-off
+  # reference side by side with the overhead rounds, then census / continuity / diverge of the pair;
+  # model_runner=v2 is an EngineConfig field (VLLM_USE_V2_MODEL_RUNNER=1 set by the engine, not by
+  # the capture, which only records the runner it finds: manifest runner_version/coverage)
+  local v=${1:-0.32.0}; local C="$SS/$v/v2capture"
+  mkdir -p "$C"
+  local common=(--model "$MODEL" --episodes 8 --steps 6 --max-tokens 24)
+  bg ss v2_capture_trigger "$v" capture "${common[@]}" --set model_runner=v2 --out "$C/trigger" --json
+  bg ss v2_capture_reference "$v" capture "${common[@]}" --set async_scheduling=false \
+    --set model_runner=v2 --out "$C/reference" --json
+  # the overhead's rounds pair off/hooks/digest in one engine, so the two capture engines beside it
+  # load both sides alike; SS_OVERHEAD_ALONE=1 runs it after them instead (about 4 minutes more)
+  overhead() { ss v2_capture_overhead "$v" capture-overhead --model "$MODEL" --modes off,hooks,digest \
+    --rounds 6 --workloads gui --set model_runner=v2 --budget-s "${SS_OVERHEAD_BUDGET_S:-240}" \
+    --capture-dir "$C/overhead" --json; }
+  [ "${SS_OVERHEAD_ALONE:-0}" = 1 ] || bg overhead
+  wait
+  [ "${SS_OVERHEAD_ALONE:-0}" = 1 ] && overhead
+  local t r
+  t=$(ls -d "$C"/trigger/*/ 2>/dev/null | head -1); r=$(ls -d "$C"/reference/*/ 2>/dev/null | head -1)
+  [ -n "$t" ] && [ -n "$r" ] || { echo "v2capture: a capture run is missing (trigger '$t', reference '$r')"; return 0; }
+  bg ss v2_census "$v" census "$t" --json
+  bg ss v2_continuity "$v" continuity "$t" --json
+  bg ss v2_diverge "$v" diverge "$t" --reference "$r" --json
+  wait
+  # what says the V2 hooks worked: the runner each run found, what it covers, and the host/device
+  # running columns (they differ only where the scheduler's count ran ahead under async)
+  ( activate "$v" && "$PY" - "$t" "$r" > "$C/v2_check.json" 2>> "$C/v2_check.err" ) <<'PY'
+import json, sys
+from statescope.capture.store import CaptureRun
+out = {}
+for path in sys.argv[1:]:
+    run = CaptureRun(path); m = run.manifest; st = run.steps(); cp = run.copies()
+    both = st.dropna(subset=["running_col_device"]) if "running_col_device" in st else st.iloc[:0]
+    out[path] = {
+        "runner_version": m.get("runner_version"), "runner_module": m.get("runner_module"),
+        "adapter": m.get("adapter"), "coverage": m.get("coverage"), "status": m.get("status"),
+        "errors": m.get("error_count", 0), "steps": len(st),
+        "accepted_seen": int(st["num_accepted_sampled"].notna().sum()) if len(st) else 0,
+        "used_seen": int(st["num_accepted_used"].notna().sum()) if len(st) else 0,
+        "running_col_rows": len(both),
+        "running_col_mismatch": int((both["running_col"] != both["running_col_device"]).sum()),
+        "copies_by_launch": cp.groupby("launch_kind").size().to_dict() if len(cp) else {},
+        "copy_kinds": cp.groupby("kind").size().to_dict() if len(cp) else {},
+        "prefix_hit_requests": int(st.groupby("req_id")["prefix_hit_tokens"].max().fillna(0)
+                                   .gt(0).sum()) if len(st) else 0}
+print(json.dumps(out, indent=2, default=str))
+PY
+  cat "$C/v2_check.json" 2>/dev/null | head -80
+  pack "v2capture-$v" "$SS/$v"
+}
+
 pack() {  # NAME DIR...: records compacted (the fields a verdict reads), reports, logs -> $OUT/NAME.tar.gz
   local name=$1; shift
   local stage="$SS/pack-$name"
@@ -249,6 +304,7 @@ case "${1:-}" in
   cuda_checks) cuda_checks ;;
   releases) shift; releases "$@" ;;
   bisect_live) shift; bisect_live "$@" ;;
+  v2capture) shift; v2capture "$@" ;;
   pack) shift; pack "$@" ;;
-  *) sed -n 2,19p "$0"; exit 2 ;;
+  *) sed -n 2,24p "$0"; exit 2 ;;
 esac

@@ -99,8 +99,9 @@ def test_version_adapters():
     import vllm
 
     assert adapter_for(vllm.__version__).fused_precopy is True  # 0.28.0: fused pre-copy wrapped
-    with pytest.raises(EnvironmentBroken, match=r"0\.32\.0.*V2 model runner"):
-        adapter_for("0.32.0")
+    assert adapter_for("0.32.0").runners == ("V2",)  # Model Runner V2 (tests/test_capture_v2.py)
+    with pytest.raises(EnvironmentBroken, match=r"0\.29\.0 is not supported"):
+        adapter_for("0.29.0")
     with pytest.raises(EnvironmentBroken, match=r"0\.99\.0 is not supported.*0\.26\.0.*0\.28\.0"):
         adapter_for("0.99.0")
     missing = missing_pieces([("vllm.v1.worker.mamba_utils", "no_such_function")])
@@ -114,8 +115,8 @@ def test_spec_on_uncovered_version_fails_at_plugin_start(tmp_path, monkeypatch):
 
     spec = CaptureSpec.from_dict({"output_dir": str(tmp_path)}).write(tmp_path / "s.json")
     monkeypatch.setenv(ENV_CAPTURE, str(spec))
-    monkeypatch.setattr(vllm, "__version__", "0.32.0")
-    with pytest.raises(EnvironmentBroken, match=r"vLLM 0\.32\.0 is recognised but not covered"):
+    monkeypatch.setattr(vllm, "__version__", "0.29.0")
+    with pytest.raises(EnvironmentBroken, match=r"vLLM 0\.29\.0 is not supported"):
         register()
     assert capture.active() is None
     monkeypatch.delenv(ENV_CAPTURE)

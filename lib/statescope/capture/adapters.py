@@ -6,14 +6,23 @@ version and each missing piece), or raises ``EnvironmentBroken`` for a recognise
 version (saying why) and for an unknown one. ``mamba_groups(kv_cache_config)`` normalises
 ``get_mamba_groups`` (a (list, spec) tuple up to 0.28, a {spec: [ids]} dict in 0.32).
 
-Covered:
+Covered, by the runner the engine resolves (``runner_kind``; the capture never picks it):
 - 0.28.0, V1 ``GPUModelRunner`` (and the CPU build's ``CPUModelRunner``, its subclass): pre-copy
   on the fused path when speculative decoding + align (``run_fused_precopy``), else scalar
   (``collect_mamba_copy_meta`` -> ``do_mamba_copy_block``); post-process fused
   (``run_fused_postprocess``).
 - 0.26.0, V1 ``GPUModelRunner`` on GPU: scalar pre-copy always; fused post-process.
+- 0.30.0, 0.31.0, 0.32.0, 0.33.0, Model Runner V2 (``vllm.v1.worker.gpu.model_runner``; the GPU
+  default for hybrids from 0.29): step from ``execute_model``/``sample_tokens``, the batch from
+  ``prepare_inputs``, accepted counts from ``postprocess_sampled``, block ids mirrored from
+  ``BlockTables.append_block_ids``, copies from ``MambaSpecDecodeGPUContext.run_fused_precopy``
+  and ``run_fused_postprocess_align`` (both with an ``idx_mapping`` batch row -> request slot).
+  ``statescope.capture.runner_view`` shows the V2 runner to the capture with V1's attributes.
+  0.30.0 and 0.32.0 are the releases read line by line (docs/capture-and-diverge.md, "Model
+  Runner V2"); 0.31.0 and 0.33.0 are covered because the same pieces pass the signature tests.
 
-Recognised, not covered: 0.32.0 (see ``NOT_COVERED``).
+Recognised, not covered: the V1 runner of 0.30.0+ (``V1_NOT_COVERED``: the engine refuses to
+step rather than record nothing when it resolves V1 there).
 
 What it deliberately does not do: install anything (``statescope.capture.hooks``).
 """
@@ -38,32 +47,64 @@ _COMMON = [
     (MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_postprocess"),
 ]
 
-NOT_COVERED = {
-    "0.32.0": ("recognised but not covered by statescope capture: on a GPU it runs models on the V2 "
-               "model runner by default (vllm/v1/worker/gpu/model_runner.py, Mamba state handling "
-               "in vllm/v1/worker/gpu/model_states/mamba_hybrid.py, post-process via "
-               "MambaSpecDecodeGPUContext.run_fused_postprocess_align with an idx_mapping), "
-               "which these hooks do not wrap; get_mamba_groups returns a {MambaSpec: [group ids]} "
-               "dict; and its CPU build's V1 runner has not been verified against these hooks. "
-               "Capture on 0.26.0 or 0.28.0, or extend statescope.capture.adapters for the V2 "
-               "runner"),
-}
+V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+V2_BLOCK_TABLE_MODULE = "vllm.v1.worker.gpu.block_table"
+V2_MAMBA_STATE_MODULE = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
+
+_V2 = [
+    (V2_RUNNER_MODULE, "GPUModelRunner.execute_model"),
+    (V2_RUNNER_MODULE, "GPUModelRunner.sample_tokens"),
+    (V2_RUNNER_MODULE, "GPUModelRunner.prepare_inputs"),
+    (V2_RUNNER_MODULE, "GPUModelRunner.postprocess_sampled"),
+    (V2_BLOCK_TABLE_MODULE, "BlockTables.append_block_ids"),
+    (V2_MAMBA_STATE_MODULE, "MambaHybridModelState.preprocess_state"),
+    (V2_MAMBA_STATE_MODULE, "MambaHybridModelState.postprocess_state"),
+    (MAMBA_MODULE, "get_mamba_groups"),
+    (MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_precopy"),
+    (MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_postprocess_align"),
+]
+
+V1_NOT_COVERED = ("its V1 model runner is not covered by statescope capture (the V1 hooks were "
+                  "verified on 0.26.0 and 0.28.0 only; on a GPU this release runs hybrids on Model "
+                  "Runner V2 by default, which the capture covers): run the engine on V2 "
+                  "(VLLM_USE_V2_MODEL_RUNNER unset or 1) or capture on 0.26.0/0.28.0")
+NOT_COVERED = {"0.32.0": V1_NOT_COVERED}  # kept for readers of the old table: V1 only
 
 
 @dataclass(frozen=True)
 class VllmAdapter:
     version: str
-    fused_precopy: bool  # the runner may call MambaSpecDecodeGPUContext.run_fused_precopy
+    fused_precopy: bool  # the V1 runner may call MambaSpecDecodeGPUContext.run_fused_precopy
     notes: str
+    runners: tuple = ("V1",)  # the runners whose hooks are installed: "V1", "V2"
+
+    def covers(self, runner_version: str) -> bool:
+        return runner_version in self.runners
 
     def to_dict(self) -> dict:
-        return {"version": self.version, "fused_precopy": self.fused_precopy, "notes": self.notes}
+        return {"version": self.version, "fused_precopy": self.fused_precopy, "notes": self.notes,
+                "runners": list(self.runners)}
 
 
 COVERED = {
     "0.28.0": (True, "V1 GPUModelRunner/CPUModelRunner; fused or scalar pre-copy, fused post-process"),
     "0.26.0": (False, "V1 GPUModelRunner; scalar pre-copy, fused post-process"),
 }
+COVERED_V2 = {
+    v: ("Model Runner V2: fused pre-copy and align post-process with idx_mapping (request slots); "
+        "V1 runner refused") for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0")}
+
+
+def runner_kind(runner: Any) -> str:
+    """"V2" for Model Runner V2 (a runner, its class, or ``module.Class``), else "V1"."""
+    if isinstance(runner, str):
+        name = runner
+    elif getattr(runner, "statescope_runner_class", None):  # statescope.capture.runner_view view
+        name = runner.statescope_runner_class
+    else:
+        cls = runner if isinstance(runner, type) else type(runner)
+        name = f"{cls.__module__}.{cls.__name__}"
+    return "V2" if ".v1.worker.gpu." in name else "V1"
 
 
 def _resolve(module: str, dotted: str) -> Any:
@@ -85,10 +126,14 @@ def missing_pieces(required: list[tuple[str, str]]) -> list[str]:
 
 def adapter_for(version: str) -> VllmAdapter:
     """The adapter for ``version``; ``EnvironmentBroken`` says what is missing or unsupported."""
-    if version in NOT_COVERED:
-        raise EnvironmentBroken(f"statescope capture: vLLM {version} is {NOT_COVERED[version]}")
+    if version in COVERED_V2:
+        missing = missing_pieces(_V2)
+        if missing:
+            raise EnvironmentBroken(f"statescope capture: vLLM {version} lacks what the Model "
+                                    f"Runner V2 hooks wrap: {'; '.join(missing)}")
+        return VllmAdapter(version, False, COVERED_V2[version], ("V2",))
     if version not in COVERED:
-        known = ", ".join(sorted(COVERED)) + "; recognised: " + ", ".join(sorted(NOT_COVERED))
+        known = ", ".join(sorted(COVERED)) + " (V1), " + ", ".join(sorted(COVERED_V2)) + " (V2)"
         raise EnvironmentBroken(f"statescope capture: vLLM {version} is not supported (covered: "
                                 f"{known}); refusing to start rather than record nothing")
     fused_precopy, notes = COVERED[version]
@@ -100,6 +145,14 @@ def adapter_for(version: str) -> VllmAdapter:
         raise EnvironmentBroken(f"statescope capture: vLLM {version} lacks what the capture hooks "
                                 f"wrap: {'; '.join(missing)}")
     return VllmAdapter(version, fused_precopy, notes)
+
+
+def refuse_runner(adapter: VllmAdapter, runner: Any) -> None:
+    """``EnvironmentBroken`` when the engine resolved a runner the adapter does not cover."""
+    kind = runner_kind(runner)
+    if not adapter.covers(kind):
+        why = V1_NOT_COVERED if kind == "V1" else "Model Runner V2 is not covered on this release"
+        raise EnvironmentBroken(f"statescope capture: vLLM {adapter.version}: {why}")
 
 
 def mamba_groups(kv_cache_config: Any) -> tuple[list[int], Any]:

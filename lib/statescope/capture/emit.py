@@ -67,6 +67,8 @@ class RunEmitter:
         offsets = item.get("resume_offsets")  # per selected request (None: no drafts this step)
         offsets = offsets.tolist() if offsets is not None else [0] * len(metas)
         resets = self._window_resets(item)
+        dev_cols = item.get("running_col_device")  # Model Runner V2: the device's running column
+        dev_cols = dev_cols.tolist() if dev_cols is not None else None
         for r, meta in enumerate(metas):
             meta.setdefault("snapshot", False)
             meta["accepted"] = acc[r] if acc is not None else None
@@ -77,6 +79,8 @@ class RunEmitter:
             meta["conv_live_offset"] = (0 if reset or meta["accepted"] is None
                                         else max(0, meta["accepted"] - 1))
             meta["resume_col_offset"] = int(offsets[r])  # the column the next step reads
+            if dev_cols is not None:
+                meta["running_col_device"] = int(dev_cols[r])
         self.writer.add_rows("steps", metas)
         if metas:
             self._emit_digests(item, metas, es)

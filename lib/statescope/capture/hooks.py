@@ -18,6 +18,22 @@ that already exists, and for the CPU runner, which inherits these methods):
   ``sink.prefix_end``, and every single-type manager's ``find_longest_cache_hit`` classmethod
   -> ``sink.prefix_group`` (per-group hit lengths, ``statescope.capture.prefix_log``).
 
+On Model Runner V2 (``statescope.capture.runner_view``; the sink is handed the runner's
+``V2RunnerView``, not the runner):
+
+- V2 ``GPUModelRunner.execute_model`` (not its dummy runs) -> ``view.note_schedule`` and
+  ``sink.begin_step(view, scheduler_output)``; ``end_step`` as on V1;
+- V2 ``GPUModelRunner.prepare_inputs`` -> ``view.note_batch(input_batch)`` (its return value);
+- V2 ``GPUModelRunner.postprocess_sampled`` -> ``sink.note_accepted(view, num_sampled)``;
+- V2 ``GPUModelRunner.sample_tokens`` -> ``sink.end_step(view)``;
+- V2 ``BlockTables.append_block_ids`` -> ``runner_view.note_blocks`` (host mirror of block ids);
+- ``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess_align`` -> fused
+  census (``sink.fused_launch`` with kinds "precopy" / "postprocess_align").
+
+Which runner's hooks are installed follows the adapter (``statescope.capture.adapters``); on a
+release whose V1 runner is not covered, V1 ``execute_model`` is wrapped to refuse the first real
+step (``EnvironmentBroken``) rather than run without a record.
+
 Wrapping methods, not modules, keeps the hooks outside anything CUDA graphs or torch.compile
 capture. Every wrapper calls the original exactly once with the same arguments and returns its
 result unchanged; sink errors are handed to ``sink.hook_error`` (which may re-raise).
@@ -30,7 +46,9 @@ import functools
 import importlib
 from typing import Any, Callable
 
-from statescope.capture.adapters import MAMBA_MODULE, RUNNER_MODULE
+from statescope.capture import runner_view
+from statescope.capture.adapters import (MAMBA_MODULE, RUNNER_MODULE, V2_BLOCK_TABLE_MODULE,
+                                         V2_RUNNER_MODULE, refuse_runner)
 
 _originals: dict[tuple[Any, str], Any] = {}
 _sink: list[Any] = [None]  # the active sink; a list so wrappers see replacements
@@ -122,25 +140,12 @@ def _copy_hooks(mu: Any, fused_precopy: bool) -> None:
             return out
         return wrapper
 
-    def fused(kind: str):
-        def make(orig):
-            def wrapper(self, *args, **kwargs):
-                sink = _sink[0]
-                if sink is not None:
-                    _guard("fused_launch", sink.fused_launch, kind, self, args, kwargs)
-                out = orig(self, *args, **kwargs)
-                if sink is not None:
-                    _guard("launch_done", sink.launch_done)
-                return out
-            return wrapper
-        return make
-
     _wrap(mu, "collect_mamba_copy_meta", collect)
     _wrap(mu, "do_mamba_copy_block", do_copy)
     ctx = mu.MambaSpecDecodeGPUContext
-    _wrap(ctx, "run_fused_postprocess", fused("postprocess"))
+    _wrap(ctx, "run_fused_postprocess", _fused_hook("postprocess"))
     if fused_precopy:
-        _wrap(ctx, "run_fused_precopy", fused("precopy"))
+        _wrap(ctx, "run_fused_precopy", _fused_hook("precopy"))
 
 
 def _worker_hooks() -> None:
@@ -228,12 +233,106 @@ def _observed(event: Any) -> None:
         _guard("observed_copy", sink.observed_copy, event)
 
 
-def install_hooks(sink: Any, fused_precopy: bool) -> None:
-    """Wrap everything (idempotent) and route calls to ``sink``."""
-    runner_mod = importlib.import_module(RUNNER_MODULE)
+def _v2_runner_hooks(cls: type, bt_cls: type) -> None:
+    def execute_model(orig):
+        def wrapper(self, scheduler_output, *args, **kwargs):
+            sink = _sink[0]
+            real = sink is not None and not kwargs.get("dummy_run", False)
+            view = runner_view.view_of(self) if real else None
+            if real:
+                _guard("note_schedule", view.note_schedule, scheduler_output)
+                _guard("begin_step", sink.begin_step, view, scheduler_output)
+            out = orig(self, scheduler_output, *args, **kwargs)
+            if real and out is not None:
+                _guard("end_step", sink.end_step, view)
+            return out
+        return wrapper
+
+    def prepare_inputs(orig):
+        def wrapper(self, *args, **kwargs):
+            batch = orig(self, *args, **kwargs)
+            if _sink[0] is not None:
+                _guard("note_batch", runner_view.view_of(self).note_batch, batch)
+            return batch
+        return wrapper
+
+    def postprocess_sampled(orig):
+        def wrapper(self, idx_mapping, sampled_tokens, num_sampled, *args, **kwargs):
+            sink = _sink[0]
+            if sink is not None:  # before: the original may not keep num_sampled as it is
+                _guard("note_accepted", sink.note_accepted, runner_view.view_of(self), num_sampled)
+            return orig(self, idx_mapping, sampled_tokens, num_sampled, *args, **kwargs)
+        return wrapper
+
+    def sample_tokens(orig):
+        def wrapper(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            sink = _sink[0]
+            if sink is not None:
+                _guard("end_step", sink.end_step, runner_view.view_of(self))
+            return out
+        return wrapper
+
+    def append_block_ids(orig):
+        def wrapper(self, req_index, new_block_ids, overwrite, *args, **kwargs):
+            out = orig(self, req_index, new_block_ids, overwrite, *args, **kwargs)
+            if _sink[0] is not None:
+                _guard("note_blocks", runner_view.note_blocks, self, req_index, new_block_ids,
+                       overwrite)
+            return out
+        return wrapper
+
+    _wrap(cls, "execute_model", execute_model)
+    _wrap(cls, "prepare_inputs", prepare_inputs)
+    _wrap(cls, "postprocess_sampled", postprocess_sampled)
+    _wrap(cls, "sample_tokens", sample_tokens)
+    _wrap(bt_cls, "append_block_ids", append_block_ids)
+
+
+def _fused_hook(kind: str):
+    def make(orig):
+        def wrapper(self, *args, **kwargs):
+            sink = _sink[0]
+            if sink is not None:
+                _guard("fused_launch", sink.fused_launch, kind, self, args, kwargs)
+            out = orig(self, *args, **kwargs)
+            if sink is not None:
+                _guard("launch_done", sink.launch_done)
+            return out
+        return wrapper
+    return make
+
+
+def _refusing_v1_hook(cls: type, adapter: Any) -> None:
+    """A release whose V1 runner is not covered: its first real step raises."""
+    def execute_model(orig):
+        def wrapper(self, *args, **kwargs):
+            if _sink[0] is not None:
+                refuse_runner(adapter, self)
+            return orig(self, *args, **kwargs)
+        return wrapper
+
+    _wrap(cls, "execute_model", execute_model)
+
+
+def install_hooks(sink: Any, fused_precopy: bool, adapter: Any = None) -> None:
+    """Wrap everything the adapter covers (idempotent) and route calls to ``sink``."""
+    runners = tuple(getattr(adapter, "runners", ("V1",)))
     mu = importlib.import_module(MAMBA_MODULE)
-    _runner_hooks(runner_mod.GPUModelRunner)
-    _copy_hooks(mu, fused_precopy)
+    if "V1" in runners:
+        _runner_hooks(importlib.import_module(RUNNER_MODULE).GPUModelRunner)
+        _copy_hooks(mu, fused_precopy)
+    else:
+        try:
+            _refusing_v1_hook(importlib.import_module(RUNNER_MODULE).GPUModelRunner, adapter)
+        except ImportError:
+            pass
+    if "V2" in runners:
+        _v2_runner_hooks(importlib.import_module(V2_RUNNER_MODULE).GPUModelRunner,
+                         importlib.import_module(V2_BLOCK_TABLE_MODULE).BlockTables)
+        ctx = mu.MambaSpecDecodeGPUContext
+        _wrap(ctx, "run_fused_precopy", _fused_hook("precopy"))
+        _wrap(ctx, "run_fused_postprocess_align", _fused_hook("postprocess_align"))
     _worker_hooks()
     _scheduler_hooks()
     try:

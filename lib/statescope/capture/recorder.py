@@ -72,7 +72,38 @@ _FUSED_ARGS = {
     "precopy": ("num_reqs", "state_idx_gpu", "src_col_gpu", "token_bias_gpu", "idx_mapping"),
     "postprocess": ("num_reqs", "num_accepted_tokens_gpu", "mamba_state_idx_gpu",
                     "num_scheduled_tokens_gpu", "num_computed_tokens_gpu", "num_draft_tokens_gpu"),
+    # Model Runner V2 (vllm 0.29+): per request slot, read through idx_mapping (batch row -> slot)
+    "postprocess_align": ("num_reqs", "num_accepted_tokens_gpu", "state_idx_gpu",
+                          "new_num_computed_tokens_gpu", "idx_mapping"),
 }
+
+
+def v2_coverage(cache_mode: str | None) -> dict:
+    """What a capture on Model Runner V2 records, piece by piece (the manifest's ``coverage``)."""
+    align = cache_mode == "align"
+    return {
+        "digests": "running column per selected request and GDN layer, picked on the host by the "
+                   "V2 pre-process rule (ceil((computed + scheduled) / block) - 1) on the "
+                   "scheduler's counts; the device's own column is in the step rows "
+                   "(running_col_device)" if align else
+                   "block of the last computed token per selected request and GDN layer",
+        "accepted": "sampled: GPUModelRunner.postprocess_sampled num_sampled per batch row; used: "
+                    "the align post-process input per request slot, gathered by idx_mapping"
+                    if align else "sampled: GPUModelRunner.postprocess_sampled num_sampled per "
+                    "batch row; used: not observed on V2: no align post-process outside align mode",
+        "copies": ("decoded from the inputs of the fused pre-copy (run_fused_precopy) and align "
+                   "post-process (run_fused_postprocess_align) launches, gathered by idx_mapping; "
+                   "V2 has no scalar copy path; not cross-checked against the copies done (the "
+                   "GPU kernels report nothing)") if align else
+                  f"not observed on V2: mamba_cache_mode is {cache_mode!r} (V2 copies states in "
+                  "align mode only)",
+        "prefix_hits": "scheduler hooks (KVCacheManager.get_computed_blocks, "
+                       "find_longest_cache_hit): the same on both runners",
+        "block_tables": "host mirror of BlockTables.append_block_ids (V2 keeps block ids on the "
+                        "device only); requests admitted before the capture was installed have "
+                        "no block ids",
+        "pipeline_parallel": "not covered: idx_mapping rows of -1 (filtered) are read as slot 0",
+    }
 
 
 def _rank() -> int:
@@ -119,17 +150,25 @@ class Recorder:
         while run_dir.exists():
             n += 1
             run_dir = out / f"{base}-{n}"
+        from statescope.capture.adapters import refuse_runner, runner_kind
+
+        refuse_runner(self.adapter, runner)  # EnvironmentBroken: the resolved runner is not covered
         vc = runner.vllm_config
+        runner_class = getattr(runner, "statescope_runner_class", None) or (
+            f"{type(runner).__module__}.{type(runner).__name__}")
         manifest = {
             "run_id": run_dir.name, "mode": self.spec.mode, "spec": self.spec.to_dict(),
             "spec_source": self.spec.source, "vllm_version": vllm.__version__,
             "torch_version": torch.__version__, "adapter": self.adapter.to_dict(),
-            "runner_class": type(runner).__name__, "pid": os.getpid(), "rank": rank,
+            "runner_class": runner_class.rsplit(".", 1)[-1], "runner_module": runner_class,
+            "runner_version": runner_kind(runner), "pid": os.getpid(), "rank": rank,
             "resolved": resolve_vllm_config(vc),
             "cudagraph_mode": str(getattr(vc.compilation_config, "cudagraph_mode", None)),
             "perturbation": dict(PERTURBATION, mode=self.spec.mode,
                                  enforce_eager=bool(vc.model_config.enforce_eager)),
         }
+        if manifest["runner_version"] == "V2":
+            manifest["coverage"] = v2_coverage(getattr(vc.cache_config, "mamba_cache_mode", None))
         if self.workload is not None:
             manifest["workload"] = dict(self.workload)
         run = RunCapture(self.spec, runner, run_dir, manifest)
@@ -184,6 +223,12 @@ class Recorder:
         if self.current is not None:
             self.current.note_sampled(output_token_ids)
 
+    def note_accepted(self, runner: Any, num_sampled: Any) -> None:
+        """Model Runner V2: the step's tokens kept per batch row (accepted drafts + 1; 0 for a
+        prefill chunk that samples nothing), as V1's ``note_sampled`` counts them."""
+        if self.current is not None and not isinstance(num_sampled, int):
+            self.current.note_accepted(num_sampled)
+
     def scalar_meta(self, before: int, after: int, req_id: str, src: int, dst: int,
                     bias: int) -> None:
         if self.current is not None:
@@ -209,14 +254,31 @@ class Recorder:
             return  # the original returns without launching
         import torch
 
+        slots = bound.get("idx_mapping")  # V2: batch row -> request slot (V1: None, batch order)
+        if slots is not None:
+            slots = slots[:n].to(torch.int64).clamp(min=0)
+
+        def rows(t: Any) -> Any:
+            return t[:n] if slots is None else t.index_select(0, slots)
+
         if kind == "precopy":
-            data = torch.stack([bound[k][:n].to(torch.int64) for k in
+            data = torch.stack([rows(bound[k]).to(torch.int64) for k in
                                 ("state_idx_gpu", "src_col_gpu", "token_bias_gpu")], 1)
             run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
             return
         # The kernel's five inputs in one copy, made before it runs (it rewrites the accepted counts
         # in place): one or two device ops in the step; its decisions are derived on the host when
         # the step is emitted (census_decode.postprocess_decisions_np), not with ~20 ops here.
+        if kind == "postprocess_align":
+            # V2's kernel reads (accepted, running column, new computed) per slot; staged as V1's
+            # five inputs so the one decode serves both: running tokens = new - accepted + 1 as
+            # "scheduled" with computed = drafts = 0 (census_decode.postprocess_decisions_np)
+            acc, col, new = (rows(bound[k]).to(torch.int64) for k in _FUSED_ARGS[kind][1:4])
+            zero = torch.zeros_like(acc)
+            data = torch.stack([acc, col, new - acc + 1, zero, zero], 1)
+            run.note_used(None)
+            run.open_launch("postprocess", data, block_size=int(ctx.block_size))
+            return
         cols = [bound[k][:n] for k in _FUSED_ARGS[kind][1:]]
         same = len({c.dtype for c in cols}) == 1
         data = torch.stack(cols if same else [c.to(torch.int64) for c in cols], 1)
@@ -365,7 +427,7 @@ def install(spec: CaptureSpec | dict | str | os.PathLike | None = None, *,
         strict = os.environ.get(ENV_STRICT, "") == "1"
     rec = Recorder(spec, adapter, strict)
     _recorder[0] = rec
-    install_hooks(rec, adapter.fused_precopy)
+    install_hooks(rec, adapter.fused_precopy, adapter)
     set_sink(rec)
     return rec
 

@@ -58,7 +58,7 @@ from statescope.capture.digest_graph import engine_step_digest as _engine_step_d
 from statescope.capture import word_hash
 
 PACKED = ("stats", "checksum", "conv_row_checks", "conv_row_sums", "accepted", "used", "digest_flat",
-          "resume_offsets")
+          "resume_offsets", "running_col_device")
 DEVICE_PATH_ON_CPU = False  # tests: run the accelerator path (in-step reduce, packed copy) on CPU
 STEP_DIGEST_ON_CPU = False  # tests: the CUDA path's padded one-buffer digest (eagerly) on CPU
 USED_IN_LAUNCH = "in launch"  # ``_Step.used``: the post-process launch's staged column 0
@@ -193,6 +193,11 @@ class RunCapture(RunEmitter):
         if self.step is not None:
             self.step.accepted = (output_token_ids != -1).sum(1)
 
+    def note_accepted(self, num_sampled: torch.Tensor) -> None:
+        """Model Runner V2: the sampler's per-batch-row count of kept tokens, copied (int64)."""
+        if self.step is not None:
+            self.step.accepted = num_sampled.to(torch.int64, copy=True)
+
     def note_used(self, num_accepted: torch.Tensor | None, copied: bool = False) -> None:
         """The accepted counts a state-update launch reads (cloned before the launch: the kernel
         may rewrite them in place; ``copied``: the caller's tensor already is such a copy; None:
@@ -258,6 +263,11 @@ class RunCapture(RunEmitter):
                                 for rid, f, i in zip(sel, sched, infos)], dtype=np.int64).reshape(-1, 4)
             pos = np.arange(len(sel)) if need is sel else np.searchsorted(rows, per_req[:, 0])
             cols = self._running_cols(runner, sel, sched, tables[0][1][pos])
+            device_cols = getattr(runner, "device_running_cols", None)  # Model Runner V2 only
+            if device_cols is not None:
+                got = device_cols(sel)
+                if got is not None:
+                    out["running_col_device"] = got
             columns, digest_rows, running, running_pos = cf.digest_columns(
                 tables, pos, cols, per_req[:, 1], bool(self.spec.draft_columns))
             out["facts"] = {

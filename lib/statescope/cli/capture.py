@@ -321,7 +321,8 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
                   "modes": list(modes), **facts,
                   "resolved": {k: runner.resolved().get(k) for k in (
                       "vllm_version", "enforce_eager", "async_scheduling", "enable_prefix_caching",
-                      "mamba_cache_mode", "mamba_block_size", "num_speculative_tokens")},
+                      "mamba_cache_mode", "mamba_block_size", "num_speculative_tokens",
+                      "model_runner", "runner_version")},
                   **probe_engine(runner, workloads=workloads, modes=modes, rounds=args.rounds,
                                  max_tokens=args.max_tokens, gui_max_tokens=args.gui_max_tokens,
                                  gui_shape={"prefix": args.gui_prefix, "suffix": args.gui_suffix},
