@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ print("PASS · label is", label)
 print(os.environ["HF_TOKEN"], os.environ["STATESCOPE_TEST_PASSWORD"], "sk-" + "live" * 6)
 print(os.getcwd(), os.path.expanduser("~"), socket.gethostname(), "10.11.12.13")
 print("Authorization: Bearer " + "abc.def" * 4)
+import tempfile; print("scratch run:", tempfile.mkdtemp(prefix="statescope-capture-"))
 
 # %%
 go.Figure(go.Scatter(y=[1, 3, 2]), layout_title_text="key " + os.environ["HF_TOKEN"])
@@ -64,6 +66,9 @@ def test_render_writes_scrubbed_shareable_files(planted, tmp_path):
     assert not re.search(re.escape(home) + r"\b", text) or home == "/"
     assert "[redacted:HF_TOKEN]" in text and "[redacted:STATESCOPE_TEST_PASSWORD]" in text
     assert "[repo]" in text and "[ip]" in text
+    # a scratch run's temp folder is shown as [tmp]; the result still names the real output folder
+    assert "scratch run: [tmp]/statescope-capture-" in text
+    assert tempfile.gettempdir() + "/statescope-capture-" not in text
     summary = (out / "summary.md").read_text()
     assert summary.index("| what | verdict |") < summary.index("<details>")
     assert "| label is from-papermill | PASS |" in summary

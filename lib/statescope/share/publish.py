@@ -118,7 +118,9 @@ def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], en
     from statescope.share import export as render_share
     from statescope.share import summary as render_summary
 
-    scrubber = Scrubber.for_environment(environ)
+    scrubber = Scrubber.for_environment(environ, scratch=True)  # what the render shows
+    # the result names where the render was written: the caller opens those paths
+    result_scrubber = Scrubber.for_environment(environ)
     try:
         leakcheck.check_text(stem, "the notebook's name", scrubber)
         nb = scrub_notebook(executed, scrubber)
@@ -133,7 +135,7 @@ def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], en
             for o in cell.get("outputs", []):
                 if "image/png" in o.get("data", {}):
                     o["data"]["image/png"] = _clean_image(o["data"]["image/png"])
-        result = scrubber.scrub_obj({
+        result = result_scrubber.scrub_obj({
             "notebook": stem, "ok": error is None, "error": error, "seconds": seconds,
             "parameters": parameters or {}, "figures": [vars(f) for f in figures], "dir": str(out),
             "checks": [f"{v} · {what}" for v, what in render_summary.checks_in(nb)]})
@@ -154,7 +156,7 @@ def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], en
         _clean_written(out, scrubber)
         result["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
         leakcheck.check_tree(out, environ, scrubber)
-        leakcheck.check_text(json.dumps(result, default=str), "the render's result", scrubber)
+        leakcheck.check_text(json.dumps(result, default=str), "the render's result", result_scrubber)
     except SecretLeak as exc:
         refuse(out, exc, scrubber)
         raise

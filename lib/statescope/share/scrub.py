@@ -10,7 +10,8 @@ What it does:
   (``[redacted:NAME]``; markers use brackets so they survive HTML, Markdown and JSON alike), every
   token shape in ``SECRET_PATTERNS`` (API keys of the common services, PEM private keys, JWTs,
   credentials in URLs, ``password=...``-style assignments to credential-named fields), the
-  repository path (``[repo]``), the home directory (``~``), this machine's host names (``[host]``)
+  repository path (``[repo]``), the home directory (``~``), the temporary folder (``[tmp]``, for a
+  notebook's contents: its scratch runs live there), this machine's host names (``[host]``)
   and IP addresses other than loopback (``[ip]``, IPv4 and IPv6). It looks in the text as written
   and in what the text says once decoded (``statescope.share.decoded``: HTML entities, JSON and URL
   escapes, line-wrapped or reversed tokens, base64 runs), and replaces a secret found in a decoded
@@ -28,6 +29,7 @@ import ipaddress
 import os
 import re
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -188,7 +190,10 @@ class Scrubber:
 
     @classmethod
     def for_environment(cls, environ: Mapping[str, str] | None = None,
-                        extra_paths: Iterable[tuple[str, str]] = ()) -> "Scrubber":
+                        extra_paths: Iterable[tuple[str, str]] = (),
+                        scratch: bool = False) -> "Scrubber":
+        """``scratch``: also the temporary folder (what a notebook shows of its scratch runs);
+        off for results whose paths a caller opens (where the render was written)."""
         environ = os.environ if environ is None else environ
         secrets = {v: k for k, v in environ.items()
                    if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
@@ -196,6 +201,9 @@ class Scrubber:
         home = environ.get("HOME") or str(Path.home())
         if home and home not in ("/", ""):
             paths.append((home.rstrip("/"), "~"))
+        tmp = tempfile.gettempdir().rstrip("/")
+        if scratch and tmp:  # notebooks' scratch runs (tempfile.mkdtemp): random machine-local names
+            paths.append((tmp + "/", "[tmp]/"))
         paths += list(extra_paths)
         paths = sorted(set(paths), key=lambda p: len(p[0]), reverse=True)
         return cls(secrets, paths, _host_names())
