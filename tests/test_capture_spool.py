@@ -153,3 +153,36 @@ def test_row_checksum_columns_are_variable_size_lists(tmp_path):
     rows = CaptureRun(tmp_path).digests()["row_checksums"].tolist()
     assert [list(r) for r in rows[:3]] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14]]
     assert rows[3] is None and rows[4] is None
+
+
+def test_a_live_run_never_shows_a_half_written_part(tmp_path, monkeypatch):
+    """Readers of a live run list ``tables/*.parquet`` and ``shards/*.safetensors`` (a test waiting
+    for the flusher opened a part mid-write once: 'Parquet magic bytes not found'): every part is
+    written under a temporary name and renamed into place."""
+    import pyarrow.parquet as pq
+    import safetensors.torch
+
+    from statescope.capture.store import CaptureWriter
+
+    seen = []
+    real_write, real_save = pq.write_table, safetensors.torch.save_file
+
+    def write_table(table, where, *a, **kw):  # what a reader listing the folder would see now
+        seen.append((str(where), sorted(p.name for p in (tmp_path / "tables").glob("*.parquet"))))
+        return real_write(table, where, *a, **kw)
+
+    def save_file(tensors, where, *a, **kw):
+        seen.append((str(where), sorted(p.name for p in (tmp_path / "shards").glob("*.safetensors"))))
+        return real_save(tensors, where, *a, **kw)
+
+    monkeypatch.setattr(pq, "write_table", write_table)
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    w = CaptureWriter(tmp_path, {"run_id": "x"}, 10**9)
+    w.add_rows("steps", [{"req_id": "a", "req_step": 0}])
+    w.add_tensor(torch.ones(4))
+    w.write()
+    assert len(seen) == 2 and all(where.endswith(".tmp") for where, _ in seen), seen
+    assert all(listed == [] for _, listed in seen), seen  # nothing listed while being written
+    assert [p.name for p in (tmp_path / "tables").glob("*")] == ["steps-00001.parquet"]
+    assert [p.name for p in (tmp_path / "shards").glob("*")] == ["shard-00001.safetensors"]
+    assert len(CaptureRun(tmp_path).steps()) == 1

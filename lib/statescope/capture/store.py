@@ -187,7 +187,9 @@ class CaptureWriter:
 
             self._shards += 1
             name = f"shard-{self._shards:05d}.safetensors"
-            save_file(self._tensors, str(self.run_dir / "shards" / name))
+            tmp = self.run_dir / "shards" / f"{name}.tmp"
+            save_file(self._tensors, str(tmp))
+            os.replace(tmp, self.run_dir / "shards" / name)  # readers never see a half-written shard
             self.bytes_written += (self.run_dir / "shards" / name).stat().st_size
             for sha in self._tensors:
                 self._known[sha] = name
@@ -200,7 +202,11 @@ class CaptureWriter:
             if parts:
                 wrote = True
                 path = self.run_dir / "tables" / f"{table}-{self._parts + 1:05d}.parquet"
-                pq.write_table(pa.concat_tables(parts, promote_options="default"), path)
+                tmp = path.with_suffix(".parquet.tmp")
+                pq.write_table(pa.concat_tables(parts, promote_options="default"), tmp)
+                # a reader of a live run (diverge, a test waiting for the flusher) lists *.parquet:
+                # it must never open a part still being written
+                os.replace(tmp, path)
                 self.bytes_written += path.stat().st_size
                 self._rows[table], self._tables[table] = [], []
         self._parts += wrote
