@@ -68,18 +68,27 @@ def is_benign(line: str) -> bool:
     return bool(_BENIGN.search(line))
 
 
+class _LineFilter:
+    """The one rule for a stream of lines: drop benign ones, and the ``- leaked ...`` items of a
+    dropped ``nanobind:`` report that follow it."""
+
+    def __init__(self) -> None:
+        self.in_nanobind = False
+
+    def keep(self, line: str) -> bool:
+        if is_benign(line):
+            self.in_nanobind = line.startswith("nanobind:")
+            return False
+        if self.in_nanobind and _NANOBIND_ITEM.search(line):
+            return False
+        self.in_nanobind = False
+        return True
+
+
 def drop_benign(text: str) -> str:
     """``text`` without benign lines (line endings of the kept lines preserved)."""
-    kept, in_nanobind = [], False
-    for line in text.splitlines(keepends=True):
-        bare = line.replace("\r", "")
-        if is_benign(bare):
-            in_nanobind = bare.startswith("nanobind:")
-            continue
-        if in_nanobind and _NANOBIND_ITEM.search(bare):
-            continue
-        in_nanobind = False
-        kept.append(line)
+    lines = _LineFilter()
+    kept = [line for line in text.splitlines(keepends=True) if lines.keep(line.replace("\r", ""))]
     return "".join(kept)
 
 
@@ -105,7 +114,7 @@ _state: dict = {"active": False}
 
 
 def _pump(read_fd: int, out_fd: int) -> None:
-    buf, in_nanobind = b"", False
+    buf, lines_filter = b"", _LineFilter()
     while True:
         try:
             chunk = os.read(read_fd, 65536)
@@ -116,16 +125,7 @@ def _pump(read_fd: int, out_fd: int) -> None:
         buf += chunk
         # Complete lines are filtered; a redraw that starts with '\r' is passed on at once.
         *lines, buf = buf.split(b"\n")
-        out = []
-        for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            if is_benign(line):
-                in_nanobind = line.startswith("nanobind:")
-                continue
-            if in_nanobind and _NANOBIND_ITEM.search(line):
-                continue
-            in_nanobind = False
-            out.append(raw + b"\n")
+        out = [raw + b"\n" for raw in lines if lines_filter.keep(raw.decode("utf-8", "replace"))]
         if buf.startswith(b"\r") and not is_benign(buf.decode("utf-8", "replace")):
             out.append(buf)  # a progress bar redrawn in place: show it now, not at its newline
             buf = b""
