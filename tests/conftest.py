@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["suite_report"]  # per-file wall time; non-GPU skips fail the run
+
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 

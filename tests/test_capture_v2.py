@@ -14,7 +14,7 @@ Three kinds of checks, all on the CPU:
   the device job ``bash scripts/gpu_cli.sh v2capture 0.32.0`` on the H200.
 - **Signatures**: every attribute and function the V2 hooks wrap or read exists, with the
   parameters the hooks bind, in the extracted sources of 0.30.0, 0.31.0, 0.32.0 and 0.33.0
-  (``ast``; skipped where a release's sources are not extracted), and the two kernel rules the
+  (``ast``; each release's wheel fetched into the census cache once), and the two kernel rules the
   capture mirrors on the host are still the ones in the source.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ pytest.importorskip("vllm")
 
 from statescope.capture import adapters, census_decode as cd, hooks, runner_view  # noqa: E402
 from statescope.capture.adapters import adapter_for, refuse_runner, runner_kind  # noqa: E402
+from statescope.builds.census_sources import release_tree  # noqa: E402
 from statescope.errors import EnvironmentBroken  # noqa: E402
 
-SOURCES = Path(os.environ.get("STATESCOPE_SOURCES", "/root/.cache/statescope/builds/_sources"))
 V2_RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
 
@@ -319,9 +319,11 @@ def test_v1_runner_is_refused_on_a_v2_release(monkeypatch):
 # ---- signatures in the extracted sources ------------------------------------------------------
 
 def _tree(version: str, rel: str) -> ast.Module:
-    path = SOURCES / version / "vllm" / rel
-    if not path.exists():
-        pytest.skip(f"vLLM {version} sources not extracted at {path.parent}")
+    """A release's source file, fetched from the package index into the census cache the first
+    time (``statescope.builds.census_sources.release_tree``: the wheel's ``vllm/**/*.py`` only),
+    so the signature checks run on a fresh machine too, never skip."""
+    path = release_tree(version).root / "vllm" / rel
+    assert path.exists(), f"vLLM {version}: {rel} is not in its wheel ({path})"
     return ast.parse(path.read_text())
 
 

@@ -69,3 +69,53 @@ def test_setup_installs_debian_chromium_only_when_missing():
     guard = setup.index("! command -v chromium")
     assert guard < setup.index("apt-get install -y -qq chromium"), "chromium install is not guarded"
     assert "playwright install" not in setup, "the browser must come from Debian, not a download"
+
+
+def _lock() -> dict[str, str]:
+    from statescope.lockfile import read_lock
+
+    return read_lock(REPO / "requirements.lock")
+
+
+def test_the_lock_pins_every_dependency_and_bin_setup_and_conda_use_it():
+    import re as _re
+
+    pins = _lock()
+    assert len(pins) > 50, "requirements.lock is missing or nearly empty (run bin/lock)"
+    norm = lambda n: _re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+    deps = list(_pyproject()["project"]["dependencies"])
+    for extra in ("cpu", "notebooks", "dev"):
+        deps += _pyproject()["project"]["optional-dependencies"][extra]
+    for dep in deps:
+        name = norm(_re.match(r"[A-Za-z0-9._-]+", dep).group(0))
+        assert name in pins, f"{dep} (pyproject.toml) is not pinned in requirements.lock"
+        if "==" in dep:
+            assert pins[name] == dep.split("==")[1], f"{dep}: the lock pins {pins[name]}"
+    assert "-c requirements.lock" in (REPO / "bin" / "setup").read_text().replace(
+        "lockargs=(-c requirements.lock)", "-c requirements.lock")
+    assert "- -c requirements.lock" in (REPO / "environment.yml").read_text()
+
+
+def test_the_installed_environment_matches_the_lock():
+    """bin/setup installed with the lock: nothing drifted (a drift is what a manifest records)."""
+    from statescope.lockfile import environment_record
+
+    rec = environment_record()
+    assert rec["lock_sha256"] and rec["locked"] == len(_lock())
+    assert rec["drift"] == {}, f"installed versions differ from requirements.lock: {rec['drift']}"
+    assert rec["packages"]["torch"].startswith("2.13.0")
+
+
+def test_drift_from_a_lock_is_named(tmp_path, monkeypatch):
+    import statescope.lockfile as lf
+
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("# a comment\nnumpy==0.0.1\nnot-installed-anywhere==1.0\n")
+    monkeypatch.setattr(lf, "LOCK_FILE", lock)
+    lf.environment_record.cache_clear()
+    try:
+        rec = lf.environment_record()
+    finally:
+        lf.environment_record.cache_clear()
+    assert rec["locked"] == 2 and rec["drift"]["numpy"][0] == "0.0.1"
+    assert rec["drift"]["not-installed-anywhere"] == ["1.0", None]

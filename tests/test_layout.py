@@ -18,7 +18,8 @@ PKG = Path(__file__).resolve().parents[1] / "lib" / "statescope"
 # (matrix and bisection cells on Ray) runs builds' cells: right above builds.
 WINGS = ("workload", "patches", "capture", "engine", "models", "verdict", "diverge", "bisect",
          "builds", "cluster", "gpu", "results", "teach", "share", "cli")
-BASE = {"errors", "tables", "records", "resolved", "wings", "intervals", "progress", "quiet"}  # shared by every wing
+BASE = {"errors", "tables", "records", "resolved", "wings", "intervals", "progress", "quiet",
+        "lockfile"}  # shared by every wing
 ENTRIES = {"__init__"}  # the package root (installs the CPU shims)
 # vLLM's plugin entry point installs patches and capture in every vLLM process; the in-process
 # engine calls it too: it sits between capture and engine.

@@ -131,6 +131,7 @@ class ResultsStore:
               seeds: Any = None, extra: dict | None = None) -> dict:
         """Write the manifest with status 'running'; on resume keeps 'created' and merges 'extra'."""
         import statescope
+        from statescope.lockfile import environment_record
 
         old = load_manifest(self.run_dir) if self.manifest_path.exists() else {}
         manifest = {
@@ -138,6 +139,7 @@ class ResultsStore:
             "resolved_config": dict(resolved_config or {}), "vllm_version": vllm_version,
             "torch_version": torch_version, "device": device, "seeds": seeds, "started": _now(),
             "ended": None, "statescope_version": statescope.__version__,
+            "environment": environment_record(),  # versions vs requirements.lock (drift listed)
             "extra": {**old.get("extra", {}), **(extra or {})},
         }
         if old:
