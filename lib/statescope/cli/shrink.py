@@ -93,21 +93,39 @@ def _arms(args: argparse.Namespace, manifest: dict | None):
 
 
 def cmd_shrink(args: argparse.Namespace) -> int:
-    from statescope.verdict.shrink import PHASES, shrink
-    from statescope.workload.trace import read_trace, trace_sha
+    from statescope.workload.trace import read_trace
 
-    source = Path(args.source)
     manifest = None
+    if args.preset or args.seeds:
+        if args.source:
+            raise InputError("shrink: give a run folder / trace file, or --preset/--seeds, not both")
+        from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
+
+        preset = args.preset or "long"
+        trace = (seeds_trace(preset, parse_seeds(args.seeds)) if args.seeds
+                 else preset_trace(preset))
+        return _run_shrink(args, trace, None)
+    if not args.source:
+        raise InputError("shrink: expected a reproduce run folder, a trace file or --preset/--seeds")
+    source = Path(args.source)
     if source.is_dir():
         trace, manifest = _trace_of_run(source)
     elif source.is_file():
         trace = read_trace(source)
     else:
         raise InputError(f"{source}: expected a reproduce run folder or a trace file")
+    return _run_shrink(args, trace, manifest)
+
+
+def _run_shrink(args: argparse.Namespace, trace: list, manifest: dict | None) -> int:
+    from statescope.verdict.shrink import PHASES, shrink
+    from statescope.workload.trace import trace_sha
+
     phases = tuple(p.strip() for p in args.phases.split(",") if p.strip()) if args.phases else PHASES
     trigger, control = _arms(args, manifest)
     out = Path(args.out) if args.out else Path(args.runs) / f"shrink-{trace_sha(trace)}"
-    result = shrink(trace, trigger, control, out, keep_failing=args.keep_failing, phases=phases)
+    result = shrink(trace, trigger, control, out, keep_failing=args.keep_failing, phases=phases,
+                    strict=args.strict)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
@@ -132,10 +150,16 @@ def cmd_export_repro(args: argparse.Namespace) -> int:
 def add_shrink_subcommands(sub: Any) -> None:
     s = sub.add_parser("shrink", help="the smallest workload that still corrupts (delta "
                                       "debugging over episodes, steps, batch, prompt length)")
-    s.add_argument("source", help="a reproduce run folder (runs/ID) or a trace file")
+    s.add_argument("source", nargs="?", help="a reproduce run folder (runs/ID) or a trace file")
+    s.add_argument("--preset", help="instead of SOURCE: a preset trace (with --seeds: once per seed)")
+    s.add_argument("--seeds", help="with --preset (default long): A:B | A,B,C")
     s.add_argument("--keep-failing", type=int, default=3, metavar="K",
                    help="a candidate fails only when every one of K trigger re-runs corrupts "
                         "(default 3) and the control stays clean")
+    s.add_argument("--strict", action="store_true",
+                   help="K re-runs and the control for every candidate (default: one trigger run "
+                        "per candidate, the result verified with K re-runs and the control, and "
+                        "searched again strictly if it does not hold)")
     s.add_argument("--control", default="no_prefix_cache",
                    help="with a trace: no_prefix_cache | no_mtp | no_async | reference | same "
                         "(the trigger's configuration without its planted fault or patches)")

@@ -4,11 +4,16 @@ arm — and stays clean in the control arm.
 What it does: from a failing workload (a trace, or a ``reproduce`` run folder: its trace and arms),
 it confirms the failure, then removes what the failure does not need, phase by phase, each
 candidate a real engine run (``statescope.verdict.shrink_run``): delta debugging
-(``statescope.verdict.ddmin``) over episodes, then over the steps left (each episode renumbered),
+(``statescope.verdict.ddmin``) over episodes, then over the steps left (each episode renumbered)
+— partners first: the failing requests' own episodes/steps are kept while ddmin searches the
+others, then reduced themselves —
 then the batch — ``max_num_seqs`` (ascending powers of two below the number of episodes: the
 first that still fails), the token budget ``max_num_batched_tokens`` (halved while it still
 fails), the arrival order (reversed) — then prompt length (each text user turn halved while it
-still fails). It returns the minimal workload as a trace plus its overrides, every trial (what was
+still fails). By default a candidate is judged by one trigger run (these failures are
+deterministic per workload) and the result is verified with K trigger runs and the control — a
+result that does not hold is searched again with K runs + control per candidate (``strict``). It
+returns the minimal workload as a trace plus its overrides, every trial (what was
 removed, fail/pass, seconds, engine runs) and the conditions the failure needs (the removals that
 made it pass). ``result.json`` and ``minimal.jsonl`` are written into the run folder; the
 candidate log there makes a re-run resume.
@@ -83,60 +88,98 @@ class ShrinkResult:
         return lines
 
 
+def _listed(items: list) -> list:
+    return [list(i) if isinstance(i, tuple) else i for i in items]
+
+
 class _Search:
     """The phases over one CandidateRunner; ``self.current`` is the failing workload so far."""
 
-    def __init__(self, runner: CandidateRunner, current: Workload) -> None:
-        self.runner, self.current = runner, current
+    def __init__(self, runner: CandidateRunner, current: Workload, strict: bool = False) -> None:
+        self.runner, self.current, self.strict = runner, current, strict
         self.trials: list[dict] = []
         self.conditions: list[str] = []
         self.last_failing: dict | None = None
 
     def test(self, work: Workload, phase: str, removed: Any) -> bool:
-        entry = self.runner.evaluate(work, phase, removed, len(self.trials) + 1)
+        entry = self.runner.evaluate(work, phase, removed, len(self.trials) + 1,
+                                     strict=self.strict)
         self.trials.append(entry)
         return bool(entry["failed"])
 
     def accept(self, work: Workload) -> None:
         self.current = work
-        self.last_failing = self.runner.done[self.runner.key(work)]  # its failing runs
+        self.last_failing = self.runner.done[self.runner.key(work, self.strict)]  # its runs
+
+    def failing_now(self) -> list[tuple]:
+        """(episode, step) of the requests that failed in the current workload's last run."""
+        runs = (self.last_failing or {}).get("trigger_failures") or [[]]
+        return [tuple(f) for f in runs[-1]]
+
+    def _reduce(self, items: list, fixed: list, make: Callable[[set], Workload], phase: str,
+                name: str) -> tuple[list, list]:
+        """ddmin over ``items``: first over those not in ``fixed`` (the failing requests' own
+        items: almost surely needed, so the search spends its tests on the partners) with
+        ``fixed`` kept — after one test of ``fixed`` alone — then over ``fixed`` with the partners
+        found. Returns (the minimum in ``items`` order, the needed items)."""
+        fixed = [i for i in items if i in set(fixed)]
+        free = [i for i in items if i not in set(fixed)]
+
+        def tester(base: list, pool: list) -> Callable[[list], bool]:
+            def fails(kept: list) -> bool:
+                gone = [i for i in pool if i not in set(kept)]
+                return self.test(make(set(kept) | set(base)), phase, {name: _listed(gone)})
+            return fails
+
+        needed: list = []
+        alone_fails = bool(fixed and free and tester(fixed, free)([]))
+        if alone_fails:
+            free = []  # the failing requests alone still fail: no partner needed
+        elif free:
+            res = ddmin(free, tester(fixed, free))
+            free, needed = res.minimal, [i for i, _ in res.needed()]
+            if fixed and len(free) == 1:
+                needed = list(free)  # the failing requests alone passed: their partner is needed
+        if len(fixed) > 1:  # the failing requests themselves, with the partners found
+            res = ddmin(fixed, tester(free, fixed))
+            fixed = res.minimal
+            needed += [i for i, _ in res.needed()]
+        if not fixed:  # nothing failed in the last run's view (e.g. from an older log): plain ddmin
+            res = ddmin(items, tester([], items))
+            return res.minimal, [i for i, _ in res.needed()]
+        keep = set(fixed) | set(free)
+        return [i for i in items if i in keep], [i for i in items if i in set(needed)]
 
     def episodes(self) -> None:
         cur = self.current
 
-        def fails(kept: list[str]) -> bool:
-            work = Workload([s for s in cur.trace if s.episode in kept],
+        def make(kept: set) -> Workload:
+            return Workload([s for s in cur.trace if s.episode in kept],
                             [e for e in cur.order if e in kept], cur.overrides)
-            return self.test(work, "episodes", {"episodes": [e for e in cur.order if e not in kept]})
 
-        res = ddmin(cur.order, fails)
-        self.accept(Workload([s for s in cur.trace if s.episode in res.minimal],
-                             [e for e in cur.order if e in res.minimal], cur.overrides))
-        for item, _trial in res.needed():
-            self.conditions.append(f"episode {item}: without it the failure is gone")
+        failing = list(dict.fromkeys(e for e, _ in self.failing_now()))
+        minimal, needed = self._reduce(list(cur.order), failing, make, "episodes", "episodes")
+        self.accept(make(set(minimal)))
+        for item in needed:
+            role = "fails" if item in failing else "partner"
+            self.conditions.append(f"episode {item} ({role}): without it the failure is gone")
 
     def steps(self) -> None:
         cur = self.current
         items = [(s.episode, s.step) for s in cur.trace]
         by_item = {(s.episode, s.step): s for s in cur.trace}
 
-        def work_of(kept: list[tuple]) -> Workload:
-            keep = set(kept)
-            steps = renumbered([by_item[i] for i in items if i in keep])
+        def make(kept: set) -> Workload:
+            steps = renumbered([by_item[i] for i in items if i in kept])
             eps = {s.episode for s in steps}
             return Workload(steps, [e for e in cur.order if e in eps], cur.overrides)
 
-        def fails(kept: list[tuple]) -> bool:
-            return self.test(work_of(kept), "steps",
-                             {"steps": [list(i) for i in items if i not in set(kept)]})
-
-        res = ddmin(items, fails)
-        self.accept(work_of(res.minimal))
-        kept = [f"{e} step {s}" for e, s in res.minimal]
-        self.conditions.append(f"steps {kept} (original numbering), each needed"
-                               if res.needed() else f"steps {kept} (original numbering)")
-        for (ep, step), _trial in res.needed():
-            if step > 0 and (ep, step - 1) not in res.minimal:
+        minimal, needed = self._reduce(items, self.failing_now(), make, "steps", "steps")
+        self.accept(make(set(minimal)))
+        kept = [f"{e} step {s}" for e, s in minimal]
+        self.conditions.append(f"steps {kept} (numbered as before this phase)")
+        for ep, step in needed:
+            if step > 0 and (ep, step - 1) not in minimal:
                 self.conditions.append(f"{ep} step {step} needs no earlier step of its episode")
 
     def batch(self, resolved: dict) -> None:
@@ -208,9 +251,14 @@ class _Search:
 
 
 def shrink(trace: list[TraceStep], trigger: Arm, control: Arm, run_dir: str | Path, *,
-           keep_failing: int = 3, phases: tuple = PHASES,
+           keep_failing: int = 3, phases: tuple = PHASES, strict: bool = False,
            say: Callable[[str], None] | None = None) -> ShrinkResult:
-    """Shrink ``trace`` (whose trigger arm corrupted) to its minimal failing workload."""
+    """Shrink ``trace`` (whose trigger arm corrupted) to its minimal failing workload.
+
+    Default (quick): a candidate fails when one trigger run shows a symptom (the failures this
+    tool is for are deterministic per workload); the result is then verified — K trigger runs
+    and the control — and a result that does not hold is searched again strictly.
+    ``strict=True``: every candidate gets the K re-runs and the control."""
     import time
 
     bad = [p for p in phases if p not in PHASES]
@@ -222,11 +270,12 @@ def shrink(trace: list[TraceStep], trigger: Arm, control: Arm, run_dir: str | Pa
     t0 = time.perf_counter()
     runner = CandidateRunner(trigger, control, run_dir, keep_failing, say)
     start = workload_from_trace(trace)
-    search = _Search(runner, start)
     original = {"n_requests": len(trace), "episodes": len(episodes_of(trace))}
-    try:
+
+    def search_in(strict_mode: bool) -> tuple[_Search, bool]:
+        search = _Search(runner, start, strict_mode)
         if not search.test(start, "confirm", {}):
-            return _finish(search, False, runner, t0, run_dir, original)
+            return search, False
         search.accept(start)
         resolved = (search.last_failing or {}).get("trigger_run", {}).get("resolved", {})
         original["resolved"] = resolved
@@ -235,9 +284,26 @@ def shrink(trace: list[TraceStep], trigger: Arm, control: Arm, run_dir: str | Pa
                 search.batch(resolved)
             else:
                 getattr(search, phase)()
+        return search, True
+
+    try:
+        search, found = search_in(strict)
+        if found and not strict:
+            # the quick search's result must fail in every one of K runs, with a clean control
+            entry = runner.evaluate(search.current, "verify", {}, len(search.trials) + 1,
+                                    strict=True)
+            search.trials.append(entry)
+            if entry["failed"]:
+                search.last_failing = entry
+            else:
+                runner.say("the quick result did not fail in every re-run with a clean control: "
+                           "searching again with K re-runs and the control per candidate")
+                earlier = search.trials
+                search, found = search_in(True)
+                search.trials = earlier + search.trials
     finally:
         runner.close()
-    return _finish(search, True, runner, t0, run_dir, original)
+    return _finish(search, found, runner, t0, run_dir, original)
 
 
 def _finish(search: _Search, reproduced: bool, runner: CandidateRunner, t0: float,

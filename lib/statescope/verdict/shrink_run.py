@@ -6,8 +6,9 @@ engine overrides) through in-process vLLM engines of the real build, in lock-ste
 step of every unfinished episode is submitted together, in episode order: what
 ``statescope.engine.runners.run_waves`` does for the offline runner), and labels each output with
 the degenerate symptoms of this bug family (``SYMPTOMS``: empty, runs of ``!``/token 0 or of
-punctuation; ``statescope.verdict.detect.classify_output``). The trigger runs first and stops at
-the first clean re-run; only a candidate that failed K times runs the control. One engine stays
+punctuation; ``statescope.verdict.detect.classify_output``). Strict: the trigger runs first and
+stops at the first clean re-run; only a candidate that failed K times runs the control. Quick:
+one trigger run, no control (the search's default; its result is then checked strictly). One engine stays
 alive and is reused (prefix cache reset) while consecutive runs ask for the same configuration.
 Every evaluated candidate is one line of ``candidates.jsonl`` in the run folder, keyed by what it
 ran; a re-run with the same folder answers from it without starting an engine.
@@ -86,7 +87,10 @@ class EnginePool:
 def run_workload(arm: Arm, work: Workload, pool: EnginePool, out: Path) -> dict:
     """One run of ``work`` through ``arm``: rows in wave order (with wave numbers), seconds, the
     engine arguments and environment it ran with."""
+    from statescope.engine.offline import import_vllm
+
     config = arm.config.replace(**work.overrides)
+    import_vllm()  # vLLM whole, after statescope's import shims, before any patch reaches in
     prepare_offline_arm(arm, out)
     t0 = time.perf_counter()
     runner = pool.get(config)
@@ -161,14 +165,17 @@ class CandidateRunner:
                                          "'key' (a shrink candidate log line)") from None
         return done
 
-    def key(self, work: Workload) -> str:
+    def key(self, work: Workload, strict: bool = True) -> str:
         return config_hash({"work": work.key(), "trigger": self.trigger.key(),
-                            "control": self.control.key(), "k": self.k})
+                            "control": self.control.key(), "k": self.k if strict else "quick"})
 
-    def evaluate(self, work: Workload, phase: str, removed: Any, trial_no: int) -> dict:
-        """The candidate's log entry (from the log when it was run before): ``failed`` is True when
-        all K trigger runs showed a symptom and the control showed none."""
-        key = self.key(work)
+    def evaluate(self, work: Workload, phase: str, removed: Any, trial_no: int, *,
+                 strict: bool = True) -> dict:
+        """The candidate's log entry (from the log when it was run before). Strict: ``failed``
+        when all K trigger runs showed a symptom and the control showed none; quick: when one
+        trigger run did (no control)."""
+        key = self.key(work, strict)
+        k = self.k if strict else 1
         if key in self.done:
             entry = self.done[key]
             self.say(f"[{phase}] #{trial_no} removed {_brief(removed)}: "
@@ -176,18 +183,18 @@ class CandidateRunner:
             return entry
         t0 = time.perf_counter()
         reps, control = [], None
-        for _ in range(self.k):
+        for _ in range(k):
             run = run_workload(self.trigger, work, self.pool, self.run_dir / "trigger")
             self.engine_runs += 1
             reps.append(run)
             if not failed_requests(run):
                 break
-        all_failed = len(reps) == self.k and all(failed_requests(r) for r in reps)
-        if all_failed:
+        all_failed = len(reps) == k and all(failed_requests(r) for r in reps)
+        if all_failed and strict:
             control = run_workload(self.control, work, self.pool, self.run_dir / "control")
             self.engine_runs += 1
-        failed = all_failed and not failed_requests(control)
-        entry = {"key": key, "phase": phase, "trial": trial_no, "removed": removed,
+        failed = all_failed and (not strict or not failed_requests(control))
+        entry = {"key": key, "strict": strict, "phase": phase, "trial": trial_no, "removed": removed,
                  "episodes": list(work.order), "n_requests": work.n_requests(),
                  "overrides": work.overrides, "trace_sha": trace_sha(work.trace),
                  "failed": failed, "engine_runs": len(reps) + (control is not None),
@@ -203,7 +210,7 @@ class CandidateRunner:
             fh.flush()
         self.done[key] = entry
         why = ("" if failed else " (control not clean)" if all_failed else
-               f" (clean in trigger run {len(reps)} of {self.k})")
+               f" (clean in trigger run {len(reps)} of {k})")
         self.say(f"[{phase}] #{trial_no} removed {_brief(removed)}: {work.n_requests()} requests, "
                  f"{'FAIL' if failed else 'pass'}{why}, {entry['seconds']:.1f} s, "
                  f"{entry['engine_runs']} engine run(s)")

