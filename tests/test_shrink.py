@@ -90,7 +90,8 @@ def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_pat
     repro = tmp_path / "repro"
     assert main(["export-repro", str(out), "--out", str(repro)]) == 0
     script = (repro / "repro.py").read_text()
-    assert "statescope" not in "\n".join(l for l in script.splitlines() if "import" in l)
+    assert not [l for l in script.splitlines() if l.strip().startswith(("import ", "from "))
+                and "statescope" in l]
     readme = (repro / "README.md").read_text()
     assert "PLANTED" in readme and "vLLM" in readme and target in readme
 
@@ -118,3 +119,38 @@ def test_a_failure_that_does_not_reproduce_exits_0(tmp_path, capsys):
                  "--out", str(tmp_path / "s"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["reproduced"] is False and doc["engine_runs"] == 1 and "minimal" not in doc
+
+
+def test_export_writes_a_plain_script_without_an_engine(tmp_path, capsys):
+    """export-repro from a hand-written shrink folder (no engine): the script parses, imports no
+    statescope, keeps waves and order, and refuses a bad option (exit 2) before importing vLLM."""
+    run = {"engine_args": {"model": "/m", "max_num_seqs": 2, "async_scheduling": True},
+           "engine_env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "max_tokens": 8,
+           "resolved": {"vllm_version": "0.32.0", "runner_version": "V1", "device": "cuda"},
+           "rows": [{"episode": "b", "step": 0, "wave": 0, "prompt_token_ids": [1, 2],
+                     "output_token_ids": [0, 0, 0, 0], "symptoms": ["bang_run"]},
+                    {"episode": "a", "step": 0, "wave": 0, "prompt_token_ids": [3],
+                     "output_token_ids": [5], "symptoms": []},
+                    {"episode": "a", "step": 1, "wave": 1, "prompt_token_ids": [3, 5, 4],
+                     "output_token_ids": [6], "symptoms": []}]}
+    control = {"rows": [dict(r, output_token_ids=[7], symptoms=[]) for r in run["rows"]]}
+    entry = {"key": "k1", "n_requests": 3, "trigger_run": run, "control_run": control}
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "candidates.jsonl").write_text(json.dumps(entry) + "\n")
+    (tmp_path / "s" / "result.json").write_text(json.dumps(
+        {"reproduced": True, "final_key": "k1", "original": {"n_requests": 96},
+         "engine_runs": 30, "conditions": ["a batch of >= 2 running requests"]}))
+    assert main(["export-repro", str(tmp_path / "s"), "--out", str(tmp_path / "r"), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["failing"] == ["b step 0"] and written["waves"] == 2
+    script = (tmp_path / "r" / "repro.py").read_text()
+    compile(script, "repro.py", "exec")
+    assert not [l for l in script.splitlines() if l.strip().startswith(("import ", "from "))
+                and "statescope" in l]
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert "0.32.0" in readme and "V1" in readme and "b step 0" in readme
+    assert "PLANTED" not in readme and "async_scheduling=true" in readme
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bad = subprocess.run([sys.executable, str(tmp_path / "r" / "repro.py"), "--bogus"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr

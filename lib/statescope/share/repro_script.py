@@ -74,16 +74,29 @@ def symptoms(text, token_ids):
 
 
 def main():
-    argv = sys.argv[1:]  # one option: --model PATH (the model folder; default: where it ran)
-    if argv and (argv[0] != "--model" or len(argv) != 2):
-        print("usage: repro.py [--model PATH]", file=sys.stderr)
-        return 2
-    model = argv[1] if argv else ENGINE_ARGS["model"]
+    # options: --model PATH (default: where the shrink ran it); --set KEY=JSON (an engine
+    # argument changed, e.g. --set async_scheduling=false); the environment wins over ENGINE_ENV
+    # (e.g. VLLM_USE_V2_MODEL_RUNNER=1 python repro.py)
+    argv, model, changes = sys.argv[1:], ENGINE_ARGS["model"], {{}}
+    while argv:
+        flag, value, argv = argv[0], argv[1] if len(argv) > 1 else None, argv[2:]
+        if flag == "--model" and value:
+            model = value
+        elif flag == "--set" and value and "=" in value:
+            key, raw = value.split("=", 1)
+            changes[key] = json.loads(raw)
+        else:
+            print("usage: repro.py [--model PATH] [--set KEY=JSON ...]", file=sys.stderr)
+            return 2
     for key, value in ENGINE_ENV.items():
-        os.environ[key] = value
-    engine_args = dict(ENGINE_ARGS, model=model)
+        os.environ.setdefault(key, value)
+    engine_args = dict(ENGINE_ARGS, model=model, **changes)
     if "tokenizer" in engine_args and model != ENGINE_ARGS["model"]:
         engine_args["tokenizer"] = model
+    if changes or any(os.environ[k] != v for k, v in ENGINE_ENV.items()):
+        print(f"CHANGED from the recorded run: {{changes}} "
+              f"{{ {{k: os.environ[k] for k, v in ENGINE_ENV.items() if os.environ[k] != v}} }}",
+              flush=True)
     if PLANTED:
         state = "set" if os.environ.get("STATESCOPE_FAULT") else "NOT set: expect CLEAN"
         print(f"PLANTED fault needed: {{PLANTED}} (STATESCOPE_FAULT {{state}})", flush=True)
@@ -173,7 +186,9 @@ def _readme(doc: dict, entry: dict, waves: list, failing: list, resolved: dict,
         f"max_tokens={run['max_tokens']} (shrunk from {doc['original'].get('n_requests')} "
         f"requests in {doc['engine_runs']} engine runs)",
         f"- needs: {'; '.join(doc.get('conditions') or []) or 'nothing beyond the workload'}",
-        "", "Run: `python repro.py [--model PATH]`. Expected output with the trigger settings: "
+        "", "Run: `python repro.py [--model PATH] [--set KEY=JSON ...]` (e.g. `--set "
+        "async_scheduling=false`; `VLLM_USE_V2_MODEL_RUNNER=1 python repro.py` for the V2 "
+        "runner: the environment wins over the recorded one). Expected output with the trigger settings: "
         f"`CORRUPTED` for {', '.join(failing)}, `CLEAN` for the rest, exit status 1 "
         "(0 and all `CLEAN` when the bug is absent).", "",
         "Corruption is detected from the output alone: empty, a run of >= 4 `!` (token 0), or "
