@@ -154,3 +154,64 @@ def test_export_writes_a_plain_script_without_an_engine(tmp_path, capsys):
     bad = subprocess.run([sys.executable, str(tmp_path / "r" / "repro.py"), "--bogus"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+class StandInRunner:
+    """A candidate runner for a pure predicate (no engine): the search's logic alone."""
+
+    def __init__(self, fails, keep_failing: int = 3) -> None:
+        from statescope.verdict.reproduce import standard_arms
+
+        self.fails, self.k = fails, keep_failing
+        self.trigger, self.control = standard_arms("no_async")
+        self.done: dict = {}
+        self.engine_runs = 0
+
+    def key(self, work, strict: bool = True) -> str:
+        return work.key() + ("-strict" if strict else "-quick")
+
+    def evaluate(self, work, phase, removed, trial_no, *, strict=True):
+        failing = self.fails(work)
+        self.engine_runs += self.k + 1 if failing and strict else 1
+        entry = {"key": self.key(work, strict), "phase": phase, "removed": removed,
+                 "failed": bool(failing), "trigger_failures": [failing],
+                 "trigger_run": {"resolved": {"max_num_batched_tokens": 2048, "block_size": 64}}}
+        self.done[entry["key"]] = entry
+        return entry
+
+
+def test_search_finds_a_request_and_its_batch_partner_without_engines():
+    """The issue-30 shape on a stand-in: 24 episodes of 4 steps; the failure needs episode e13's
+    step 2 (it fails) with episode e05's first step in the batch and max_num_seqs >= 2."""
+    from statescope.verdict.shrink import _Search
+    from statescope.verdict.shrink_run import Workload
+    from statescope.workload.trace import TraceStep
+
+    trace = [TraceStep(f"e{e:02d}", s, None, f"e{e:02d} turn{s} " + "pad " * 30, 16)
+             for e in range(24) for s in range(4)]
+
+    def fails(work):
+        turns = {(s.episode, s.user.split(" ")[1]): s for s in work.trace}
+        ok = (("e13", "turn2") in turns and ("e05", "turn0") in turns
+              and work.overrides.get("max_num_seqs", 32) >= 2)
+        return [["e13", turns[("e13", "turn2")].step]] if ok else []
+
+    runner = StandInRunner(fails)
+    start = Workload(trace, [f"e{e:02d}" for e in range(24)], {})
+    search = _Search(runner, start)
+    assert search.test(start, "confirm", {})
+    search.accept(start)
+    search.episodes()
+    assert search.current.order == ["e05", "e13"]
+    search.steps()
+    assert [(s.episode, s.user.split(" ")[1]) for s in search.current.trace] == \
+        [("e05", "turn0"), ("e13", "turn2")]
+    search.batch({"max_num_batched_tokens": 2048, "block_size": 64})
+    assert search.current.overrides["max_num_seqs"] == 2
+    assert search.current.overrides["max_num_batched_tokens"] == 512  # halved twice, still fails
+    search.prompt()
+    text = " ".join(search.conditions)
+    assert "episode e05 (partner)" in text and "max_num_seqs=1 passes" in text
+    assert "arrival order does not matter" in text
+    assert runner.engine_runs <= 40
+    assert all(t["failed"] in (True, False) and "removed" in t for t in search.trials)

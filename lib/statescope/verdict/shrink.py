@@ -187,6 +187,8 @@ class _Search:
         n_eps = len(cur.order)
         seqs = cur.overrides.get("max_num_seqs", self.runner.trigger.config.max_num_seqs)
         tries = [v for v in (1, 2, 4, 8, 16) if v < min(n_eps, seqs)]
+        if n_eps < seqs:
+            tries.append(n_eps)  # the least that still runs every episode at once
         found = None
         for value in tries:
             work = dataclasses.replace(cur, overrides={**cur.overrides, "max_num_seqs": value})
@@ -196,7 +198,7 @@ class _Search:
                 break
         if tries and found == 1:
             self.conditions.append("no batch partner: max_num_seqs=1 still fails")
-        elif tries:
+        elif tries and n_eps > 1:
             need = found or min(n_eps, seqs)
             passed = [v for v in tries if v < need]
             self.conditions.append(f"a batch of >= {need} running requests (max_num_seqs="

@@ -201,10 +201,10 @@ class CandidateRunner:
                  "trigger_failures": [failed_requests(r) for r in reps],
                  "control_failures": failed_requests(control) if control else None,
                  "seconds": round(time.perf_counter() - t0, 3)}
-        if failed:  # what export-repro needs: the requests as sent, the answers, the engine
-            entry["trigger_run"] = reps[-1]
-            entry["control_run"] = control
-            entry["trace"] = [s.to_json() for s in work.trace]
+        if failed:  # strict: what export-repro needs (the requests as sent, the answers, the
+            # engine); quick: what the search reads (which requests failed, the resolved engine)
+            entry["trigger_run"] = _kept(reps[-1], full=strict)
+            entry["control_run"] = _kept(control, full=True) if control else None
         with self.log_path.open("a") as fh:
             fh.write(json.dumps(entry, default=str) + "\n")
             fh.flush()
@@ -218,6 +218,18 @@ class CandidateRunner:
 
     def close(self) -> None:
         self.pool.close()
+
+
+ROW_KEYS = ("episode", "step", "wave", "prompt_token_ids", "output_token_ids", "text",
+            "finish_reason", "num_cached_tokens", "spec_draft_tokens", "spec_accepted_tokens",
+            "symptoms")
+
+
+def _kept(run: dict, full: bool) -> dict:
+    """A run as the log keeps it: rows without logprobs (full) or without prompts and answers
+    (a quick candidate's: 576 prompts per failing candidate would make the log hundreds of MB)."""
+    keys = ROW_KEYS if full else ("episode", "step", "wave", "symptoms")
+    return dict(run, rows=[{k: r.get(k) for k in keys} for r in run["rows"]])
 
 
 def _brief(removed: Any) -> str:
