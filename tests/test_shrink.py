@@ -54,6 +54,20 @@ def test_bad_input_exits_2(tmp_path, capsys):
     assert main(["shrink", str(path), "--phases", "episodes,bogus"]) == 2
     assert main(["shrink", str(path), "--fault-spec", "{not json"]) == 2
     assert main(["export-repro", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    # a reproduce run folder whose trigger carried a planted fault: the manifest keeps only the
+    # label, so the fault must be given again
+    from statescope.engine.config import EngineConfig
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({
+        "resolved_config": {"trigger": EngineConfig().to_dict(),
+                            "control": EngineConfig(async_scheduling=False).to_dict()},
+        "extra": {"trace": {"trace": str(path)}, "replay": "agent_loop",
+                  "labels": ["PLANTED FAULT nan_conv rate=1.0"]}}))
+    capsys.readouterr()
+    assert main(["shrink", str(run), "--out", str(tmp_path / "s2")]) == 2
+    assert "--fault-spec" in capsys.readouterr().err
 
 
 @pytest.mark.engine
