@@ -79,7 +79,9 @@ def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_pat
              "prompt_shas": [first_step_sha(trace, target)]}
     path = write_trace(trace, tmp_path / "trace.jsonl")
     out = tmp_path / "shrink"
+    # the batch phase starts an engine per setting: its logic is tested on a stand-in below
     argv = ["shrink", str(path), "--control", "same", "--keep-failing", "2",
+            "--phases", "episodes,steps,prompt",
             "--fault-spec", json.dumps(fault), "--out", str(out), "--json"]
     assert main(argv) == 1
     doc = json.loads(capsys.readouterr().out)
@@ -89,7 +91,8 @@ def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_pat
     assert doc["minimal"]["failing_requests"] == [[target, 0]]
     assert any(target in c for c in doc["conditions"])  # removing it made the failure go
     phases = {t["phase"] for t in doc["trials"]}
-    assert {"confirm", "episodes", "steps", "prompt"} <= phases
+    assert {"confirm", "episodes", "steps", "prompt", "verify"} <= phases
+    assert doc["engine_starts"] == 1  # one engine for every candidate and both arms (same config)
     assert all(t["seconds"] >= 0 and t["failed"] in (True, False) for t in doc["trials"])
     assert doc["engine_runs"] <= 40
     minimal = (out / "minimal.jsonl").read_text().splitlines()
