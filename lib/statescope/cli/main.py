@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     add_racecheck_subcommand)
     from statescope.cli.models import add_model_check_subcommand, add_vision_probe_subcommand
     from statescope.cli.render import add_render_subcommand
+    from statescope.cli.shrink import add_shrink_subcommands
 
     add_capture_subcommands(sub)
     add_capture_overhead_subcommand(sub)
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_render_subcommand(sub)
     add_gpu_results_subcommand(sub)
     add_gpu_arm_subcommand(sub)
+    add_shrink_subcommands(sub)
     return p
 
 

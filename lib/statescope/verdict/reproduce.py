@@ -127,6 +127,25 @@ def _padder_for(trace: list[TraceStep], engine):
     return GeometryPadder(engine.config.model, int(unit))
 
 
+def prepare_offline_arm(arm: Arm, out: Path) -> None:
+    """This process's patches, planted fault and copy semantics set for ``arm`` (the previous
+    arm's end here); an in-process engine already running follows them from its next step."""
+    from statescope.patches import accept_race_amplifier, cpu_kernels, faults
+    from statescope.patches.accept_sync import uninstall_accept_sync
+    from statescope.patches.overlap_safe import uninstall_overlap_safe_copy
+    from statescope.patches.registry import apply_patches, parse_patch
+
+    uninstall_accept_sync()  # the previous arm's patches end with it
+    uninstall_overlap_safe_copy()
+    accept_race_amplifier.uninstall()
+    apply_patches([parse_patch(p) for p in arm.patches], arm)
+    faults.uninstall_fault()
+    if arm.fault is not None:  # a fresh copy: its ``planted`` list starts empty
+        faults.install_fault(dataclasses.replace(arm.fault, out=str(out), planted=[]))
+    if cpu_kernels.is_installed() or arm.copy_semantics:
+        cpu_kernels.set_copy_semantics(arm.copy_semantics or "memmove")
+
+
 def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
     """An engine for ``arm``: 'offline' (in-process), 'server' (launched), or an http(s) URL."""
     from statescope.engine.runners import OfflineRunner, ServerRunner
@@ -135,22 +154,7 @@ def _open_runner(arm: Arm, runner: str, concurrency: int, out: Path):
         raise InputError(f"reproduce: runtime patches {list(arm.patches)} need the offline runner "
                          f"(they patch this process's vLLM), not {runner!r}")
     if runner == "offline":
-        from statescope.patches import cpu_kernels, faults
-        from statescope.patches.accept_sync import uninstall_accept_sync
-        from statescope.patches.overlap_safe import uninstall_overlap_safe_copy
-        from statescope.patches.registry import apply_patches, parse_patch
-
-        from statescope.patches import accept_race_amplifier
-
-        uninstall_accept_sync()  # the previous arm's patches end with it
-        uninstall_overlap_safe_copy()
-        accept_race_amplifier.uninstall()
-        apply_patches([parse_patch(p) for p in arm.patches], arm)
-        faults.uninstall_fault()
-        if arm.fault is not None:
-            faults.install_fault(dataclasses.replace(arm.fault, out=str(out)))
-        if cpu_kernels.is_installed() or arm.copy_semantics:
-            cpu_kernels.set_copy_semantics(arm.copy_semantics or "memmove")
+        prepare_offline_arm(arm, out)
         return OfflineRunner(arm.config)
     if runner == "server":
         env = {}

@@ -1,0 +1,130 @@
+"""What a shrink costs: engine runs, engine starts and seconds, real or simulated.
+
+Usage:
+  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_shrink.py --simulate [--keep-failing 3]
+  engine-slot .venv/bin/python benchmarks/bench_shrink.py -- SHRINK ARGS...   (a real shrink)
+
+``--simulate`` drives the real search (``statescope.verdict.shrink._Search``: the same phases and
+ddmin) with a stand-in candidate runner whose predicate has the issue-30 shape: 96 episodes of 6
+steps, and the failure needs one request (episode A, its 4th step) with a partner in the batch
+(episode B's first steps: a prefill row) and max_num_seqs >= 2. A candidate that passes costs one
+engine run (the first clean trigger run stops it); one that fails costs K trigger runs + 1
+control. No engine starts; the count is exact for that predicate. The real mode runs
+``statescope shrink ARGS --json`` in-process and reports the same counts from its result.
+The cost goal (issue 30): <= 40 engine runs for a 96-episode failing run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+
+
+def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps: int = 6) -> dict:
+    from statescope.verdict.reproduce import standard_arms
+    from statescope.verdict.shrink import _Search
+    from statescope.verdict.shrink_run import Workload
+    from statescope.workload.trace import TraceStep
+
+    trace = [TraceStep(f"ep{e:03d}", s, None, f"ep{e:03d} turn {s} " + "word " * 40, 24)
+             for e in range(episodes) for s in range(steps)]
+    culprit, partner = "ep061", "ep017"
+
+    def fails(work: Workload) -> bool:
+        turns = {(s.episode, s.user.split(" ")[2]) for s in work.trace}
+        return ((culprit, "3") in turns and (partner, "0") in turns
+                and work.overrides.get("max_num_seqs", 32) >= 2)
+
+    class StandIn:
+        def __init__(self) -> None:
+            self.trigger, self.control = standard_arms("no_async")
+            self.done: dict = {}
+            self.engine_runs = 0
+
+        def key(self, work: Workload, strict: bool = True) -> str:
+            return work.key() + ("strict" if strict else "quick")
+
+        def evaluate(self, work, phase, removed, trial_no, *, strict=True):
+            failed = fails(work)
+            runs = keep_failing + 1 if failed and strict else 1
+            self.engine_runs += runs
+            entry = {"key": self.key(work, strict), "phase": phase, "failed": failed,
+                     "trigger_failures": [[["ep061", 3]]] if failed else [[]],
+                     "engine_runs": runs, "n_requests": work.n_requests(),
+                     "trigger_run": {"resolved": {"max_num_batched_tokens": 2048,
+                                                  "block_size": 64}}}
+            self.done[entry["key"]] = entry
+            return entry
+
+    runner = StandIn()
+    start = Workload(trace, [f"ep{e:03d}" for e in range(episodes)], {})
+    search = _Search(runner, start, strict)
+    t0 = time.perf_counter()
+    search.test(start, "confirm", {})
+    search.accept(start)
+    search.episodes()
+    search.steps()
+    search.batch({"max_num_batched_tokens": 2048, "block_size": 64})
+    search.prompt()
+    if not strict:  # the result verified: K trigger runs + the control
+        search.trials.append(runner.evaluate(search.current, "verify", {}, 0, strict=True))
+    per_phase = Counter(t["phase"] for t in search.trials)
+    runs = Counter()
+    for t in search.trials:
+        runs[t["phase"]] += t["engine_runs"]
+    return {"mode": "simulated (strict)" if strict else "simulated (quick, verified)",
+            "keep_failing": keep_failing, "requests": len(trace),
+            "minimal_requests": search.current.n_requests(),
+            "minimal_episodes": search.current.order, "trials": len(search.trials),
+            "trials_per_phase": dict(per_phase), "engine_runs_per_phase": dict(runs),
+            "engine_runs": runner.engine_runs, "conditions": search.conditions,
+            "search_s": round(time.perf_counter() - t0, 3)}
+
+
+def real(shrink_args: list[str]) -> dict:
+    import contextlib
+    import io
+
+    from statescope.cli.main import main as cli
+
+    buf = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(buf):
+        code = cli(["shrink", *shrink_args, "--json"])
+    doc = json.loads(buf.getvalue())
+    per_phase, runs = Counter(), Counter()
+    for t in doc["trials"]:
+        per_phase[t["phase"]] += 1
+        runs[t["phase"]] += t["engine_runs"]
+    return {"mode": "real", "exit": code, "reproduced": doc["reproduced"],
+            "requests": doc["original"].get("n_requests"),
+            "minimal_requests": (doc.get("minimal") or {}).get("n_requests"),
+            "trials": len(doc["trials"]), "trials_per_phase": dict(per_phase),
+            "engine_runs_per_phase": dict(runs), "engine_runs": doc["engine_runs"],
+            "engine_starts": doc["engine_starts"], "seconds": round(time.perf_counter() - t0, 1),
+            "conditions": doc["conditions"]}
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    shrink_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--simulate", action="store_true")
+    ap.add_argument("--keep-failing", type=int, default=3)
+    ap.add_argument("--strict", action="store_true", help="simulate: K runs + control per candidate")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    out = simulate(args.keep_failing, args.strict) if args.simulate or not shrink_args else real(shrink_args)
+    for k, v in out.items():
+        print(f"{k:>22}: {v}")
+    print(f"{'cost goal':>22}: {'met' if out['engine_runs'] <= 40 else 'MISSED'} "
+          f"({out['engine_runs']} engine runs, goal <= 40)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""``statescope shrink RUN|TRACE`` and ``statescope export-repro SHRUNK --out DIR``.
+
+What it does: ``shrink`` reads a failing workload — a ``reproduce`` run folder (its trace from the
+manifest, its two arms' configurations and labels) or a trace file (arms from ``--control`` and
+the ``--*-set`` overrides, as ``reproduce`` builds them) — and calls
+``statescope.verdict.shrink.shrink``; it prints every trial and the conditions found (``--json``
+for machines), progress on stderr. Exit 1 when a minimal failing workload was found, 0 when the
+failure did not reproduce in every re-run, 2 on bad input. ``export-repro`` writes the standalone
+plain-vLLM script of a finished shrink (``statescope.share.repro_script``).
+
+What it deliberately does not do: search or decide (``statescope.verdict.shrink``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from statescope.errors import InputError
+
+
+def _trace_of_run(run_dir: Path) -> tuple[list, dict]:
+    """The trace a reproduce run answered, rebuilt from its manifest, and the manifest."""
+    from statescope.records import load_manifest
+    from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
+    from statescope.workload.trace import read_trace
+
+    manifest = load_manifest(run_dir)
+    info = (manifest.get("extra") or {}).get("trace") or {}
+    if info.get("trace"):
+        trace = read_trace(info["trace"])
+    elif info.get("preset") and info.get("seeds"):
+        trace = seeds_trace(info["preset"], parse_seeds(str(info["seeds"])),
+                            vision=bool(info.get("vision")), geometry=info.get("geometry"))
+    elif info.get("preset"):
+        trace = preset_trace(info["preset"], vision=bool(info.get("vision")),
+                             geometry=info.get("geometry"))
+    else:
+        raise InputError(f"{run_dir}/manifest.json: field 'extra.trace' names no trace file or "
+                         "preset: cannot rebuild the workload (shrink the trace file instead)")
+    replay = (manifest.get("extra") or {}).get("replay")
+    if replay and trace and replay != trace[0].replay:
+        raise InputError(f"{run_dir}: the run replayed its trace {replay}, the trace's own mode is "
+                         f"{trace[0].replay}: shrink replays a trace in its own mode")
+    return trace, manifest
+
+
+def _arms(args: argparse.Namespace, manifest: dict | None):
+    from statescope.cli.reproduce import _config_overrides
+    from statescope.engine.config import EngineConfig, model_path
+    from statescope.patches.faults import FaultSpec
+    from statescope.verdict.reproduce import Arm, standard_arms
+
+    trigger, control = standard_arms("reference" if args.control == "same" else args.control)
+    if manifest is not None:  # the run's own arms, as they were configured
+        configs = manifest.get("resolved_config") or {}
+        try:
+            trigger.config = EngineConfig(**configs["trigger"])
+            control = Arm(args.control if args.control != "no_prefix_cache" else "control",
+                          EngineConfig(**configs["control"]))
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"manifest.json: field 'resolved_config': expected the 'trigger' and "
+                             f"'control' EngineConfig of a reproduce run ({exc})") from None
+        labels = (manifest.get("extra") or {}).get("labels") or []
+        trigger.patches = tuple(m.group(1) for l in labels if (m := re.match(r"PATCHED (\S+)", l)))
+        odd = [l for l in labels if l.startswith(("AMPLIFIED", "PLANTED", "EMULATED"))]
+        if odd and not (args.fault_spec or args.trigger_patch):
+            raise InputError(f"manifest.json: the run's trigger arm was {odd}: give the same with "
+                             "--fault-spec / --trigger-patch (the manifest keeps only the label)")
+    both = _config_overrides(args.both_set, "--both-set")
+    common = {"model": str(model_path(args.model))} if args.model else {}
+    trigger.config = trigger.config.replace(**common, **both,
+                                            **_config_overrides(args.trigger_set, "--trigger-set"))
+    control.config = control.config.replace(**common, **both,
+                                            **_config_overrides(args.control_set, "--control-set"))
+    if args.control == "same":  # the trigger's engine without its fault or patches (reused)
+        control = Arm("same", trigger.config)
+    if args.trigger_patch:
+        from statescope.patches.registry import parse_patch
+
+        for name in args.trigger_patch:
+            parse_patch(name)
+        trigger.patches = tuple(args.trigger_patch)
+    if args.fault_spec:
+        try:
+            fields = json.loads(args.fault_spec)
+            trigger.fault = FaultSpec(**fields)
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise InputError(f"--fault-spec: expected a JSON FaultSpec object ({exc})") from None
+    return trigger, control
+
+
+def cmd_shrink(args: argparse.Namespace) -> int:
+    from statescope.workload.trace import read_trace
+
+    manifest = None
+    if args.preset or args.seeds:
+        if args.source:
+            raise InputError("shrink: give a run folder / trace file, or --preset/--seeds, not both")
+        from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
+
+        preset = args.preset or "long"
+        trace = (seeds_trace(preset, parse_seeds(args.seeds)) if args.seeds
+                 else preset_trace(preset))
+        return _run_shrink(args, trace, None)
+    if not args.source:
+        raise InputError("shrink: expected a reproduce run folder, a trace file or --preset/--seeds")
+    source = Path(args.source)
+    if source.is_dir():
+        trace, manifest = _trace_of_run(source)
+    elif source.is_file():
+        trace = read_trace(source)
+    else:
+        raise InputError(f"{source}: expected a reproduce run folder or a trace file")
+    return _run_shrink(args, trace, manifest)
+
+
+def _run_shrink(args: argparse.Namespace, trace: list, manifest: dict | None) -> int:
+    from statescope.verdict.shrink import PHASES, shrink
+    from statescope.workload.trace import trace_sha
+
+    phases = tuple(p.strip() for p in args.phases.split(",") if p.strip()) if args.phases else PHASES
+    trigger, control = _arms(args, manifest)
+    out = Path(args.out) if args.out else Path(args.runs) / f"shrink-{trace_sha(trace)}"
+    result = shrink(trace, trigger, control, out, keep_failing=args.keep_failing, phases=phases,
+                    strict=args.strict)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print("\n".join(result.report_lines()))
+        print(f"run folder: {result.run_dir}")
+    return 1 if result.reproduced else 0
+
+
+def cmd_export_repro(args: argparse.Namespace) -> int:
+    from statescope.share.repro_script import export_repro
+
+    written = export_repro(args.shrunk, args.out)
+    if args.json:
+        print(json.dumps(written, indent=2))
+    else:
+        print(f"wrote {written['script']} and {written['readme']}: {written['n_requests']} "
+              f"request(s) in {written['waves']} batch(es), expected CORRUPTED for "
+              f"{', '.join(written['failing'])}" + (" (PLANTED fault)" if written["planted"] else ""))
+    return 0
+
+
+def add_shrink_subcommands(sub: Any) -> None:
+    s = sub.add_parser("shrink", help="the smallest workload that still corrupts (delta "
+                                      "debugging over episodes, steps, batch, prompt length)")
+    s.add_argument("source", nargs="?", help="a reproduce run folder (runs/ID) or a trace file")
+    s.add_argument("--preset", help="instead of SOURCE: a preset trace (with --seeds: once per seed)")
+    s.add_argument("--seeds", help="with --preset (default long): A:B | A,B,C")
+    s.add_argument("--keep-failing", type=int, default=3, metavar="K",
+                   help="a candidate fails only when every one of K trigger re-runs corrupts "
+                        "(default 3) and the control stays clean")
+    s.add_argument("--strict", action="store_true",
+                   help="K re-runs and the control for every candidate (default: one trigger run "
+                        "per candidate, the result verified with K re-runs and the control, and "
+                        "searched again strictly if it does not hold)")
+    s.add_argument("--control", default="no_prefix_cache",
+                   help="with a trace: no_prefix_cache | no_mtp | no_async | reference | same "
+                        "(the trigger's configuration without its planted fault or patches)")
+    s.add_argument("--model", help="model directory or name under data/models")
+    for flag in ("--both-set", "--trigger-set", "--control-set"):
+        s.add_argument(flag, action="append", default=[], metavar="FIELD=VALUE",
+                       help="override an EngineConfig field (repeatable)")
+    s.add_argument("--trigger-patch", action="append", default=[], metavar="NAME")
+    s.add_argument("--fault-spec", metavar="JSON", help="PLANTED test fault on the trigger arm: a "
+                                                        "FaultSpec as JSON (e.g. with prompt_shas)")
+    s.add_argument("--phases", default=None, help="comma-separated subset of episodes,steps,"
+                                                  "batch,prompt (default: all, in that order)")
+    s.add_argument("--out", help="the run folder (resumable; default runs/shrink-<trace sha>)")
+    s.add_argument("--runs", default="runs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_shrink)
+    e = sub.add_parser("export-repro", help="a standalone plain-vLLM script of a shrunk workload")
+    e.add_argument("shrunk", help="a shrink run folder")
+    e.add_argument("--out", required=True, help="the folder for repro.py and README.md")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_export_repro)
