@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from statescope.share.decoded import ANSI
+
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 STYLE_BLOCK = re.compile(r"<style[^>]*>.*?</style>", re.S)
@@ -154,13 +156,18 @@ def markdown_copy(nb: Any, figures: list[Figure]) -> Any:
             else:
                 if "text/html" in data:
                     data["text/html"] = STYLE_BLOCK.sub("", data["text/html"])
+                if isinstance(out.get("text"), str):  # GitHub shows terminal colour codes as text
+                    out["text"] = ANSI.sub("", out["text"])
+                if isinstance(data.get("text/plain"), str):
+                    data["text/plain"] = ANSI.sub("", data["text/plain"])
                 outputs.append(out)
         cell.outputs = outputs
     return md
 
 
-def to_markdown(nb: Any, out_dir: Path, stem: str) -> str:
-    """GitHub-flavoured Markdown; other images (e.g. matplotlib) are written under figures/."""
+def to_markdown(nb: Any, out_dir: Path, stem: str, written: set[str] | None = None) -> str:
+    """GitHub-flavoured Markdown; other images (e.g. matplotlib) are written under figures/ (their
+    names, relative to ``out_dir``, are added to ``written``)."""
     import nbformat
     from nbconvert import MarkdownExporter
 
@@ -170,4 +177,6 @@ def to_markdown(nb: Any, out_dir: Path, stem: str) -> str:
         target = out_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(blob)
+        if written is not None:
+            written.add(name)
     return body

@@ -157,7 +157,9 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
     from papermill.exceptions import PapermillExecutionError
 
     from statescope.share import envmanifest, publish
+    from statescope.share.scrub import parameter_secrets
 
+    parameter_secrets(parameters)  # a credential value too short to scrub: refused before it runs
     environ = dict(os.environ if environ is None else environ)
     stem, nb = _source_notebook(source)
     out = Path(out_dir)
@@ -188,11 +190,11 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
         except CellTimeoutError:
             error = f"a cell ran longer than the timeout ({timeout_s} s per cell); the cells after it did not run"
         executed = nbformat.read(done, as_version=4) if done.exists() else nb
+        engines = envmanifest.read_engines(engines_log)  # before its temporary folder is gone
     if not keep_warnings:
         from statescope.quiet import clean_notebook
 
         clean_notebook(executed)
-        engines = envmanifest.read_engines(engines_log)
     executed.cells = [c for c in executed.cells if HOOK_TAG not in c.get("metadata", {}).get("tags", [])]
     # Every artefact is made from the scrubbed notebook, then checked (statescope.share.publish).
     return publish.write_shared(executed, out, stem, engines=engines, environ=environ,

@@ -25,7 +25,14 @@ TAG = re.compile(r"<[^>]+>")
 
 
 def cell_text(nb: Any) -> list[tuple[int, str]]:
-    """(cell index, text) of every stream/plain-text output."""
+    """(cell index, text) of every stream/plain-text output, terminal colour codes removed (an
+    issue thread shows them as garbage)."""
+    from statescope.share.decoded import ANSI
+
+    return [(ci, ANSI.sub("", text)) for ci, text in _cell_text(nb)]
+
+
+def _cell_text(nb: Any) -> list[tuple[int, str]]:
     out = []
     for ci, cell in enumerate(nb.cells):
         for o in cell.get("outputs", []):
