@@ -259,3 +259,28 @@ def test_the_manifest_lists_the_engine_a_notebook_started(tmp_path):
     assert got["build"].startswith(f"vllm {got['vllm_version']} (") and got["enable_prefix_caching"]
     summary = (Path(result["dir"]) / "summary.md").read_text()
     assert "no engine started by this notebook" not in summary
+
+
+# -- offline HTML ------------------------------------------------------------------------------
+def test_the_html_report_embeds_plotly_js_once_and_loads_nothing_from_a_cdn(tmp_path):
+    import nbformat
+    from plotly.offline import get_plotlyjs
+
+    from statescope.share.export import PLOTLY_JS_SLOT, without_plotly_js
+
+    fig = {"data": [{"type": "bar", "y": [1, 2]}], "layout": {"title": {"text": "one"}}}
+    loader = nbformat.v4.new_output("display_data", data={
+        "text/html": '<script src="https://cdn.plot.ly/plotly-3.0.1.min.js"></script>'})
+    figure = lambda: nbformat.v4.new_output("display_data", data={  # noqa: E731
+        "application/vnd.plotly.v1+json": fig, "text/plain": "fig",
+        "text/html": '<script>require(["https://cdn.plot.ly/plotly.js"])</script>'})
+    nb = _nb([loader, figure()], [figure()])
+    out = tmp_path / "h"
+    out.mkdir()
+    publish.write_shared(nb, out, "h", engines=[], environ=ENV, parameters={}, error=None,
+                         seconds=1.0, png=False)
+    page = (out / "h.html").read_text()
+    assert page.count(get_plotlyjs()[:400]) == 1 and PLOTLY_JS_SLOT not in page
+    own = without_plotly_js(page)  # the page without the bundle (which names its topojson CDN)
+    assert PLOTLY_JS_SLOT in own and "cdn.plot.ly" not in own and "require(" not in own
+    assert own.count("Plotly.newPlot(") == 2

@@ -241,6 +241,8 @@ def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], en
     except SecretLeak as exc:
         refuse(out, stem, written, exc, scrubber)
         raise
+    # plotly.js into the page: the package's own bundle, after the check (export.PLOTLY_JS_SLOT)
+    render_share.embed_plotly_js(out / f"{stem}.html")
     (out / "REFUSED.md").unlink(missing_ok=True)  # an earlier refusal's note: this render passed
     result["summary_chars"] = len((out / "summary.md").read_text())
     return result

@@ -76,8 +76,11 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800, *, progres
     import os
 
     nb = sync_pair(py_path)
-    # Plotly figures must carry an HTML rendering, or nbconvert drops them from the report.
-    os.environ.setdefault("PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
+    # Plotly figures must carry an HTML rendering, or nbconvert drops them from the report; the
+    # "notebook" renderer puts plotly.js into the page once (offline), "notebook_connected" would
+    # load it from a CDN (a blank gap offline). The kernel inherits it at its start.
+    saved = os.environ.get("PLOTLY_RENDERER")
+    os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
     t0 = time.perf_counter()
     error = None
     try:
@@ -86,6 +89,11 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800, *, progres
                        on_cell_executed=_cell_hook(progress)).execute()
     except CellExecutionError as exc:
         error = str(exc).strip().splitlines()[-1] if str(exc).strip() else "cell failed"
+    finally:
+        if saved is None:
+            os.environ.pop("PLOTLY_RENDERER", None)
+        else:
+            os.environ["PLOTLY_RENDERER"] = saved
     if not keep_warnings:
         from statescope.quiet import clean_notebook
 
