@@ -284,3 +284,32 @@ def test_the_html_report_embeds_plotly_js_once_and_loads_nothing_from_a_cdn(tmp_
     own = without_plotly_js(page)  # the page without the bundle (which names its topojson CDN)
     assert PLOTLY_JS_SLOT in own and "cdn.plot.ly" not in own and "require(" not in own
     assert own.count("Plotly.newPlot(") == 2
+
+
+# -- concise text ------------------------------------------------------------------------------
+def test_the_summary_log_cuts_a_long_result_repr():
+    import nbformat
+
+    from statescope.share.summary import summary_markdown
+
+    nb = _nb([nbformat.v4.new_output("execute_result", execution_count=1,
+                                     data={"text/plain": "DivergenceReport(" + "x=1, " * 1000 + ")"}),
+              _stream("PASS · printed\n")])
+    result = {"notebook": "n", "ok": True, "error": None, "seconds": 1.0, "figures": []}
+    text = summary_markdown(result, nb, "")
+    assert "more characters of this result" in text and len(text) < 3000
+    assert "| printed | PASS |" in text
+
+
+def test_a_divergence_report_prints_a_few_lines_and_a_table():
+    from statescope.diverge.report import DivergenceReport
+
+    reqs = [{"req_id": f"r{i}", "first_step": 3 if i % 2 else None, "origin_layer": "model.layers.2.linear_attn",
+             "kinds": ["conv"], "layers": ["model.layers.2.linear_attn"], "conv_rows": [0, 1],
+             "magnitude": 0.5, "nan_or_inf": False, "events": {}} for i in range(30)]
+    report = DivergenceReport(run="a", reference="b", requests=reqs)
+    text = repr(report)
+    assert text.startswith("DivergenceReport: 15 of 30 requests diverge") and len(text.splitlines()) < 14
+    assert "22 more rows" in text and "req_id" in text
+    assert len(report.to_frame()) == 30 and list(report.to_frame()["req_id"])[:2] == ["r0", "r1"]
+    assert report._repr_html_().count("<tr>") < 45
