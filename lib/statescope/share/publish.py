@@ -11,10 +11,15 @@ order, so that no artefact is ever made from unscrubbed input:
    PNG's pixels.
 2. figure export and the renders, all from the scrubbed notebook; the manifest is the allowlist of
    ``statescope.share.envmanifest``, scrubbed; the summary is cut only after it was scrubbed.
-3. a second scrub of every text file written and metadata stripping of every image written.
-4. ``statescope.share.leakcheck.check_tree``: every file in every decoded view, and every name.
-   A leak empties the folder but for ``REFUSED.md`` (naming the file and pattern, never the
-   value) and raises ``SecretLeak``.
+   Secrets split across outputs and cells are found in the concatenation of everything printed;
+   figures' typed arrays and number lists that spell a secret are zeroed.
+3. a second scrub of every text file written and metadata stripping of every image written —
+   only the files this render wrote (it tracks them); the user's own files are never touched.
+4. ``statescope.share.leakcheck.check_files``: every written file in every decoded view, every
+   name, the printed outputs read across cells, the figures' numbers read as text. A leak removes
+   the files this render (or an earlier render of the notebook) wrote, writes ``REFUSED.md``
+   (naming the file and pattern, never the value) and raises ``SecretLeak``.
+5. plotly.js into the HTML page (once, from the installed package: ``export.embed_plotly_js``).
 
 The result dictionary it returns is scrubbed too (it is printed by ``render --json``).
 

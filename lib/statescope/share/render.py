@@ -13,7 +13,8 @@ writes ``<out>/<stem>/`` with ``<stem>.html``, ``<stem>.md`` (GitHub-flavoured, 
 and ``manifest.json`` (``statescope.share.envmanifest``). The writing is
 ``statescope.share.publish.write_shared``: every artefact made from the scrubbed notebook, then
 every file and name checked in every decoded view; a surviving secret refuses the render
-(``SecretLeak``; the folder is emptied but for a ``REFUSED.md`` naming the file and pattern). A
+(``SecretLeak``; the render's own files are removed and a ``REFUSED.md`` names the file and
+pattern). The engines the notebook started are read back before the temporary folder goes. A
 cell over the per-cell timeout ends the run; the cells before it are still rendered.
 
 What it deliberately does not do: upload anything, or decide what a notebook computes.
