@@ -32,6 +32,12 @@ class KeyValueTable:
     def to_dict(self) -> dict:
         return dict(self.values)
 
+    def to_frame(self):
+        """A pandas DataFrame (field, value) to filter and export."""
+        import pandas as pd
+
+        return pd.DataFrame({"field": list(self.values), "value": list(self.values.values())})
+
     def _repr_html_(self) -> str:
         rows = []
         for key, value in self.values.items():
@@ -54,6 +60,12 @@ class RecordsTable:
 
     def to_dict(self) -> list[dict]:
         return list(self.rows)
+
+    def to_frame(self):
+        """A pandas DataFrame, one row per record, to filter and export."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=self._cols())
 
     def _cols(self) -> list[str]:
         if self.columns:

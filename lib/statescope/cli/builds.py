@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from statescope.builds.install import ensure_build, list_builds, remove_build
@@ -31,9 +32,16 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2) if args.json else "\n".join(
             f"{r['status']:<7} {r['spec']:<40} vllm={r['vllm']} torch={r['torch']} "
             f"{r['size_gb']} GB {r['key']}" for r in rows) or "no builds")
-    else:
+    else:  # a spec that names no installed build is a problem (1), an unparseable one bad input (2)
+        missing = []
         for text in args.specs:
-            print(f"{'removed' if remove_build(text) else 'not found'} {text}")
+            if remove_build(text):
+                print(f"removed {text}")
+            else:
+                missing.append(text)
+                print(f"statescope build remove: {text}: no such build installed "
+                      "(`statescope build list` shows them)", file=sys.stderr)
+        return 1 if missing else 0
     return 0
 
 
@@ -159,7 +167,8 @@ def add_build_subcommands(subparsers: Any) -> None:
     add.add_argument("--json", action="store_true")
     lst = bsub.add_parser("list", help="installed builds")
     lst.add_argument("--json", action="store_true")
-    rm = bsub.add_parser("remove", help="delete build environments")
+    rm = bsub.add_parser("remove", help="delete build environments (exit 1 when one is not "
+                                        "installed, 2 for a spec that does not parse)")
     rm.add_argument("specs", nargs="+", help="a spec or an install key")
     add_census_subcommand(bsub)  # statescope build census (statescope.cli.census)
     b.set_defaults(func=_cmd_build)

@@ -63,7 +63,7 @@ def cmd_workbook(args: argparse.Namespace) -> int:
 
     os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"  # inherited by the kernels: keep reports readable
     out = args.out if os.path.isabs(args.out) else str(REPO / args.out)
-    lines, results = NotebookLines(sys.stderr if args.json else sys.stdout), []
+    lines, results = NotebookLines(sys.stderr), []  # progress: stderr only
     for path in notebook_paths(args.notebooks or None):
         results.append(run_notebook(path, __import__("pathlib").Path(out),
                                     progress=lines.start(path), keep_warnings=args.verbose))
@@ -73,8 +73,15 @@ def cmd_workbook(args: argparse.Namespace) -> int:
     return 0 if all(r["ok"] for r in results) else 1
 
 
+def _version() -> str:
+    import statescope
+
+    return statescope.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"statescope {_version()}")
     p.add_argument("--profile", default=None,
                    help="device profile for every engine this command starts: cpu | cuda | "
                         "cuda-triton | auto (default: $STATESCOPE_PROFILE, else auto-detected; "

@@ -4,7 +4,8 @@ vLLM engine.
 What it does: ``model-check`` prints ``statescope.models.tiny_vllm.check_model``'s JSON (also
 written to ``--out``): validity, correctness, MTP acceptance, prefix-cache hit rate, block sizes,
 and the planted-fault / cached-state sensitivities. ``vision-probe`` prints
-``statescope.verdict.vision_probe.vision_probe``'s JSON (written to ``--out``): whether screenshots
+``statescope.verdict.vision_probe.vision_probe``'s result in a few lines (``--json``: all of it;
+written to ``--out``; progress on stderr): whether screenshots
 are read and cached by content, and what chunk ends inside an image do.
 
 What it deliberately does not do: train a model (``scripts/train_tiny_model.py``).
@@ -45,11 +46,40 @@ def add_model_check_subcommand(subparsers: Any) -> None:
 
 
 def vision_probe_command(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
     from statescope.verdict.vision_probe import vision_probe
 
+    # the probe starts an engine and runs three probes (minutes on a CPU): say so on stderr
+    t0 = time.monotonic()
+    print(f"vision-probe: starting an engine on {args.model} and probing screenshots, caching and "
+          "chunk cuts (several minutes on a CPU) ...", file=sys.stderr, flush=True)
     out = vision_probe(args.model, args.out)
-    print(json.dumps({k: v for k, v in out.items() if k != "resolved"}, indent=1, default=str))
+    print(f"vision-probe: done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    shown = {k: v for k, v in out.items() if k != "resolved"}
+    print(json.dumps(shown, indent=1, default=str) if args.json else vision_probe_text(shown))
     return 0
+
+
+def vision_probe_text(out: dict) -> str:
+    """The probe's result in a few lines (``--json`` has everything)."""
+    shots, eng, chunks = out.get("screenshots") or {}, out.get("engagement") or {}, out.get("chunks") or {}
+    rows = shots.get("rows") or []
+    changed = sum(1 for r in rows if r.get("output_changed"))
+    stops = sum(1 for r in rows if r.get("swapped_hit_stops_before_image"))
+    lines = [f"vision-probe: {out.get('model')} (engine start {out.get('engine_start_s')} s)",
+             f"  screenshots read: {changed}/{len(rows)} swapped-image pairs change the output; "
+             f"a cache hit stops before a swapped image in {stops}/{len(rows)}",
+             f"  engagement: {eng.get('requests')} requests, {eng.get('images')} images, prefix-cache "
+             f"hits {eng.get('prefix_cache_hits')}/{eng.get('prefix_cache_queries')} tokens, "
+             f"{eng.get('requests_hit_past_an_image')} requests hit past an image, draft "
+             f"acceptance {eng.get('acceptance')}",
+             f"  chunks: {chunks.get('chunk_ends_inside_images')} of {chunks.get('prompts')} prompts "
+             f"have a chunk end inside an image; batch = solo in {chunks.get('batch_equals_solo')}, "
+             f"cached = solo in {chunks.get('cached_equals_solo')}",
+             "  (--json: the whole result)"]
+    return "\n".join(lines)
 
 
 def add_vision_probe_subcommand(subparsers: Any) -> None:
@@ -57,4 +87,6 @@ def add_vision_probe_subcommand(subparsers: Any) -> None:
                                                    "a VLM: read, cached by content, cut by chunks")
     p.add_argument("--model", default="tiny-vl", help="model directory or name under data/models")
     p.add_argument("--out", type=Path, default=None, help="write the whole result (JSON) here")
+    p.add_argument("--json", action="store_true", help="print the whole result as JSON (default: "
+                                                       "a few lines)")
     p.set_defaults(func=vision_probe_command)

@@ -18,11 +18,12 @@ from statescope.errors import InputError
 
 
 class NotebookLines:
-    """One line per notebook as it finishes (name, elapsed, result) on ``stream``, and — on a
-    terminal — a bar over the notebook's code cells on stderr while it runs."""
+    """One line per notebook as it finishes (name, elapsed, result) on ``stream`` (stderr: it is
+    progress, stdout is for ``--json``), and — on a terminal — a bar over the notebook's code
+    cells on stderr while it runs."""
 
     def __init__(self, stream=None, what=None) -> None:
-        self.stream = stream or sys.stdout
+        self.stream = stream or sys.stderr
         self.what = what or (lambda r: r.get("html") or r.get("dir", ""))
         self._bar = None
 
@@ -85,7 +86,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         pngs = sum(1 for f in r["figures"] if f["png"])
         return f"{r['dir']} ({pngs}/{len(r['figures'])} PNG, summary {r['summary_chars']} chars)"
 
-    lines = NotebookLines(sys.stderr if args.json else sys.stdout, what)
+    lines = NotebookLines(sys.stderr, what)
 
     def done(r: dict) -> None:  # what the command prints is pasted too: scrubbed first
         lines.done(_shareable([r])[0])

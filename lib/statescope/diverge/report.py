@@ -148,7 +148,7 @@ def step_events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any
     return ev
 
 
-@dataclass
+@dataclass(repr=False)  # the generated repr dumped every request and the cells frame (~5 KB)
 class DivergenceReport:
     """Per-request first divergence of ``run`` against ``reference`` (see module docstring)."""
 
@@ -195,6 +195,24 @@ class DivergenceReport:
                          "accepted": ev.get("accepted")})
         return pd.DataFrame(rows).astype({"first_step": "object"}) if rows else pd.DataFrame()
 
+    def to_frame(self) -> pd.DataFrame:
+        """``table()``: a pandas DataFrame to filter and export."""
+        return self.table()
+
+    def __repr__(self) -> str:
+        """A few lines and the first rows of the table (``text()`` has every detail)."""
+        head = (f"DivergenceReport: {len(self.diverged)} of {len(self.requests)} requests diverge "
+                f"({self.run} vs reference {self.reference}; magnitude in {self.unit})")
+        lines = [head, *[f"WARNING: {w}" for w in self.warnings[:3]]]
+        table = self.table()
+        if not table.empty:
+            cols = [c for c in ("req_id", "first_step", "origin_layer", "kinds", "conv_rows",
+                                "magnitude") if c in table]
+            lines.append(table[cols].head(REPR_ROWS).to_string(index=False))
+            if len(table) > REPR_ROWS:
+                lines.append(f"... {len(table) - REPR_ROWS} more rows: .to_frame() has them all")
+        return "\n".join(lines)
+
     def text(self, all_requests: bool = False) -> str:
         """The terminal form (``statescope.diverge.text``)."""
         from statescope.diverge.text import report_text
@@ -210,7 +228,10 @@ class DivergenceReport:
                 f"conv row 0 = leading/oldest; magnitude in {self.unit}; compared: "
                 f"{html.escape(COLUMN_NOTES.get(self.columns or '', 'by position'))}).</p>")
         warn = "".join(f"<p><b>WARNING</b>: {html.escape(w)}</p>" for w in self.warnings)
-        return head + warn + self.table().to_html(index=False)
+        table = self.table()
+        more = (f"<p>… {len(table) - REPR_HTML_ROWS} more rows: <code>.to_frame()</code> has them "
+                "all.</p>") if len(table) > REPR_HTML_ROWS else ""
+        return head + warn + table.head(REPR_HTML_ROWS).to_html(index=False) + more
 
     def heatmap(self, req_id: str | None = None):
         """Plotly heatmap, (layer, kind) × request step, of log10 difference for one request
@@ -253,6 +274,9 @@ class DivergenceReport:
             if step in where.index:
                 fig.add_vline(x=float(where[step]), line_color=colour, line_dash="dot",
                               annotation_text=label, annotation_position="top left")
+
+
+REPR_ROWS, REPR_HTML_ROWS = 8, 40  # rows a report shows of itself in a terminal / a notebook
 
 
 def short_layer(name: Any) -> str:

@@ -50,10 +50,18 @@ def conv_window_figure(run: Any, reference: Any, req_id: str, req_step: int, lay
             fig.add_annotation(text="no reference state at this position", row=r, col=1,
                                showarrow=False, xref="x domain", yref="y domain", x=0.5, y=0.5)
             continue
-        fig.add_trace(go.Heatmap(z=z.numpy(), y=rows, colorscale=cs, zmid=0,
-                                 showscale=r == 3), row=r, col=1)
-    fig.update_layout(height=520, title=f"conv window, request {req_id} step {req_step} "
-                                        f"(position {int(step.conv_position)}), {layer}")
+        # reference and run share one colour axis (comparable colours), the difference its own
+        fig.add_trace(go.Heatmap(z=z.numpy(), y=rows, coloraxis="coloraxis2" if r == 3 else "coloraxis"),
+                      row=r, col=1)
+        fig.update_yaxes(title_text="conv row", row=r, col=1)
+    fig.update_layout(
+        height=560, margin={"t": 110},
+        title={"text": f"conv window, request {req_id} step {req_step} "
+                       f"(position {int(step.conv_position)}), {layer}", "y": 0.98, "yanchor": "top"},
+        coloraxis={"colorscale": "RdBu", "cmid": 0,
+                   "colorbar": {"title": {"text": "state value"}, "len": 0.6, "y": 0.68}},
+        coloraxis2={"colorscale": "PuOr", "cmid": 0,
+                    "colorbar": {"title": {"text": f"difference ({unit})"}, "len": 0.3, "y": 0.14}})
     fig.update_xaxes(title_text="channel", row=3, col=1)
     return fig
 

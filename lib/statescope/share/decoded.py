@@ -34,13 +34,18 @@ from typing import Iterator
 MAX_LEVELS = 3  # nested encodings undone: "&amp;#47;" is two
 # One escape each: an HTML entity, a run of \uXXXX (surrogate pairs decode together), \xHH, a
 # backslash escape, a run of %HH (multi-byte UTF-8 decodes together).
+# A Markdown backslash escape (``hf\\_...``: GitHub shows ``hf_...``) is one too.
 ESCAPE = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});"
-                    r"|(?:\\u[0-9a-fA-F]{4})+|\\x[0-9a-fA-F]{2}|\\[/\\\"'nrt]|(?:%[0-9a-fA-F]{2})+")
+                    r"|(?:\\u[0-9a-fA-F]{4})+|\\x[0-9a-fA-F]{2}|\\[/\\\"'nrt]|\\[_*`~#+.!|\-]"
+                    r"|(?:%[0-9a-fA-F]{2})+")
 _BACKSLASH = {"/": "/", "\\": "\\", '"': '"', "'": "'", "n": "\n", "r": "\r", "t": "\t"}
 # What splits a token without changing it for a reader: a line wrap (with the next line's
 # indent), a tag, string-literal concatenation, zero-width characters and soft hyphens.
+# Terminal (ANSI) escapes too: vLLM, tqdm and rich colour their logs, and a colour change inside
+# a token must not hide it.
+ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 SPLIT = re.compile(r"\r?\n[ \t]*|<[^<>\n]{0,200}>|['\"][ \t]*\+?[ \t]*['\"]"
-                   "|[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
+                   "|[\u200b\u200c\u200d\u2060\ufeff\u00ad]|" + ANSI.pattern)
 BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8"
@@ -92,6 +97,18 @@ class EditView:
         """The span of ``source`` that ``text[start:end]`` came from (whole escapes included)."""
         return self._point(start, False), self._point(end, True)
 
+    def source_pieces(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The spans of ``source`` that ``text[start:end]`` is made of, without the removed parts
+        between them: replacing only these keeps the tags and escapes that split a token (a
+        redaction must not eat the markup around it). For views made by removals (``joined``)."""
+        pieces, cur = [], self._point(start, False)
+        for ds, de, ss, se in self.marks:
+            if ds == de and start < ds < end:  # a removal inside the span: a cut between pieces
+                pieces.append((cur, ss))
+                cur = se
+        pieces.append((cur, self._point(end, True)))
+        return [p for i, p in enumerate(pieces) if i == 0 or p[1] > p[0]]
+
 
 def _decode_escape(raw: str) -> str:
     if raw[0] == "&":
@@ -102,7 +119,7 @@ def _decode_escape(raw: str) -> str:
     if raw.startswith("\\x"):
         return chr(int(raw[2:], 16))
     if raw[0] == "\\":
-        return _BACKSLASH[raw[1]]
+        return _BACKSLASH.get(raw[1], raw[1])
     return bytes(int(raw[i + 1:i + 3], 16) for i in range(0, len(raw), 3)).decode("utf-8", "replace")
 
 
@@ -221,3 +238,44 @@ def strip_image_metadata(data: bytes) -> bytes:
     if data.startswith(JPEG_MAGIC):
         return _strip_jpeg(data)
     return data
+
+
+# -- numbers that spell text: a token's bytes drawn as bar heights --------------------------------
+def is_typed_array(obj: object) -> bool:
+    """plotly's typed array: ``{"dtype": "u1", "bdata": base64, ["shape": ...]}``."""
+    return isinstance(obj, dict) and "bdata" in obj and "dtype" in obj and set(obj) <= {"dtype", "bdata", "shape"}
+
+
+def typed_array_values(obj: dict) -> tuple[bytes, list] | None:
+    """(raw bytes, numbers) of a plotly typed array; None when it does not decode."""
+    import numpy as np
+
+    try:
+        raw = base64.b64decode(obj["bdata"], validate=False)
+        values = np.frombuffer(raw, dtype=np.dtype(str(obj["dtype"]).rstrip("c"))).tolist()
+    except (binascii.Error, ValueError, TypeError):
+        return None
+    return raw, values
+
+
+def numbers_text(values: list) -> str:
+    """The text a list of numbers spells when read as character codes (others become a NUL)."""
+    out = []
+    for v in values:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() \
+            and 9 <= v <= 0x10FFFF
+        out.append(chr(int(v)) if ok else "\0")
+    return "".join(out)
+
+
+def number_texts(obj: dict | list) -> list[str]:
+    """What a typed array or a list of numbers says as text: its bytes, and its values as codes."""
+    if isinstance(obj, dict):
+        decoded_array = typed_array_values(obj)
+        if decoded_array is None:
+            return []
+        raw, values = decoded_array
+        return [raw.decode("latin-1"), numbers_text(values)]
+    if len(obj) >= 8 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj):
+        return [numbers_text(obj)]
+    return []

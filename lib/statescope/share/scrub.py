@@ -97,6 +97,11 @@ IPV4 = re.compile(r"(?<![\d.])\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}(?![\d.])")
 IPV6_CANDIDATE = re.compile(r"(?<![0-9A-Za-z:.])(?:[0-9a-fA-F]{1,4}|:)(?::[0-9a-fA-F]{0,4}){2,7}(?![0-9A-Za-z:])")
 KEEP_IPS = ("127.0.0.1", "0.0.0.0")
 MIN_SECRET_LEN = 8  # shorter credential-named values ("1", "true") are not worth hunting for
+# A ``-p`` parameter named like a credential (``db_password``, ``token``, ``ssh_key``): its value is
+# a secret wherever the notebook prints it. Shorter values than this cannot be hunted for without
+# eating ordinary words: the render refuses them (``parameter_secrets``).
+CREDENTIAL_PARAMETER = re.compile(rf"(?i)^(?:[a-z0-9]+[_.-])*(?:{_STRONG}|{_WEAK}|key)$")
+MIN_PARAMETER_SECRET_LEN = 4
 Span = tuple[int, int, str]  # (start, end, replacement)
 
 
@@ -118,6 +123,26 @@ def allowed_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         if name.startswith(ENV_PREFIXES) or name in ENV_NAMES:
             out[name] = scrub.scrub(environ[name])
+    return out
+
+
+def parameter_secrets(parameters: Mapping[str, Any] | None) -> dict[str, str]:
+    """``{name: value}`` of the credential-named parameters (``-p db_password=...``), whose values
+    the scrubber then removes wherever they appear; a value too short to hunt for is an
+    ``InputError`` (refused before anything runs, never a silent leak)."""
+    from statescope.errors import InputError
+
+    out = {}
+    for name, value in (parameters or {}).items():
+        if not CREDENTIAL_PARAMETER.match(str(name)) or value is None or isinstance(value, bool):
+            continue
+        text = value if isinstance(value, str) else str(value)
+        if len(text) < MIN_PARAMETER_SECRET_LEN:
+            raise InputError(f"-p {name}: a credential-named parameter's value must have at least "
+                             f"{MIN_PARAMETER_SECRET_LEN} characters to be scrubbed from a render "
+                             f"(got {len(text)}); pass the secret through an environment variable "
+                             "named like a credential instead")
+        out[str(name)] = text
     return out
 
 
@@ -167,6 +192,11 @@ def shape_spans(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def _piece_spans(pieces: list[tuple[int, int]], replacement: str) -> list[Span]:
+    """The first piece of a split secret gets the marker, the others are emptied."""
+    return [(a, b, replacement if i == 0 else "") for i, (a, b) in enumerate(pieces)]
+
+
 def _apply(text: str, spans: Iterable[Span]) -> str:
     """Replace ``spans`` (overlaps merged; the longest span at a start gives the replacement)."""
     merged: list[list] = []
@@ -191,12 +221,15 @@ class Scrubber:
     @classmethod
     def for_environment(cls, environ: Mapping[str, str] | None = None,
                         extra_paths: Iterable[tuple[str, str]] = (),
-                        scratch: bool = False) -> "Scrubber":
+                        scratch: bool = False,
+                        secrets: Mapping[str, str] | None = None) -> "Scrubber":
         """``scratch``: also the temporary folder (what a notebook shows of its scratch runs);
-        off for results whose paths a caller opens (where the render was written)."""
+        off for results whose paths a caller opens (where the render was written). ``secrets``:
+        ``{name: value}`` known to be secret whatever their length (``parameter_secrets``)."""
         environ = os.environ if environ is None else environ
-        secrets = {v: k for k, v in environ.items()
-                   if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
+        secrets_by_value = {v: k for k, v in environ.items()
+                            if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN}
+        secrets_by_value.update({v: k for k, v in (secrets or {}).items() if v})
         paths = [(str(REPO), "[repo]"), (str(REPO.resolve()), "[repo]")]
         home = environ.get("HOME") or str(Path.home())
         if home and home not in ("/", ""):
@@ -206,7 +239,7 @@ class Scrubber:
             paths.append((tmp + "/", "[tmp]/"))
         paths += list(extra_paths)
         paths = sorted(set(paths), key=lambda p: len(p[0]), reverse=True)
-        return cls(secrets, paths, _host_names())
+        return cls(secrets_by_value, paths, _host_names())
 
     @property
     def host_pattern(self) -> re.Pattern | None:
@@ -253,14 +286,29 @@ class Scrubber:
         if levels:  # escaped: find in the decoded text, replace the escaped original
             found = self.spans(levels[-1].text)
             text = _apply(text, [(*decoded.to_source(levels, s, e), r) for s, e, r in found])
-        view = decoded.joined(text)
-        if view.changed:  # a token wrapped over lines or split by a tag
-            text = _apply(text, [(*view.to_source(s, e), r) for s, e, r in self.value_spans(view.text)])
+        text = _apply(text, self.split_spans(text))
         n, backwards = len(text), text[::-1]
         text = _apply(text, [(n - e, n - s, r) for s, e, r in self.value_spans(backwards)])
         runs = [(span, r) for span, data in decoded.base64_runs(text)
                 if (r := self._hidden_in(data)) is not None]
         return _apply(text, [(s, e, r) for (s, e), r in runs])
+
+    def split_spans(self, text: str) -> list[Span]:
+        """Secrets split by a line wrap, a tag, an ANSI colour code (also once unescaped): the
+        token's own pieces get the marker, the markup between them stays (no unbalanced HTML)."""
+        out: list[Span] = []
+        view = decoded.joined(text)
+        if view.changed:
+            for s, e, r in self.value_spans(view.text):
+                out += _piece_spans(view.source_pieces(s, e), r)
+        levels = decoded.unescaped_levels(text)
+        if levels:  # split and escaped (``hf\\_ab<span>cd``): joined in the decoded text
+            inner = decoded.joined(levels[-1].text)
+            if inner.changed:
+                for s, e, r in self.value_spans(inner.text):
+                    pieces = [decoded.to_source(levels, a, b) for a, b in inner.source_pieces(s, e)]
+                    out += _piece_spans(pieces, r)
+        return out
 
     def _hidden_in(self, data: bytes) -> str | None:
         """The replacement for a base64 run whose decoded bytes carry a secret, else None."""
@@ -271,14 +319,24 @@ class Scrubber:
                 return f"[redacted:base64 holding {found[0][2].strip('[]').split(':', 1)[-1]}]"
         return None
 
+    def _numbers(self, obj: Any) -> Any:
+        """A typed array or list of numbers, zeroed when its bytes or its values read as
+        character codes spell a secret (plotly would draw the token's bytes as bar heights)."""
+        for text in decoded.number_texts(dict(obj) if isinstance(obj, Mapping) else list(obj)):
+            if self.value_spans(text) or self.split_spans(text):
+                return _zeroed(obj)
+        return dict(obj) if isinstance(obj, Mapping) else list(obj)
+
     def scrub_obj(self, obj: Any) -> Any:
         """``scrub`` applied to every string inside a JSON-like structure; the value of a key named
-        like a credential is redacted whatever it looks like; plotly's typed arrays are numbers."""
+        like a credential is redacted whatever it looks like; plotly's typed arrays and lists of
+        numbers are zeroed when they spell a secret (``_numbers``)."""
         if isinstance(obj, str):
             return self.scrub(obj)
+        if decoded.is_typed_array(obj) or (isinstance(obj, (list, tuple)) and obj
+                                           and not any(isinstance(v, (str, Mapping, list)) for v in obj)):
+            return self._numbers(obj)
         if isinstance(obj, Mapping):
-            if set(obj) == {"dtype", "bdata"} or set(obj) == {"dtype", "bdata", "shape"}:
-                return dict(obj)  # base64 of numbers: the final check still decodes it
             out = {}
             for k, v in obj.items():
                 key = self.scrub(str(k))
@@ -288,6 +346,16 @@ class Scrubber:
         if isinstance(obj, (list, tuple)):
             return [self.scrub_obj(v) for v in obj]
         return obj
+
+
+def _zeroed(obj: Any) -> Any:
+    """The same array with every value 0 (a figure keeps its shape, not the secret)."""
+    if isinstance(obj, Mapping):
+        import base64
+
+        n = len(base64.b64decode(obj["bdata"], validate=False))
+        return {**obj, "bdata": base64.b64encode(bytes(n)).decode()}
+    return [0] * len(obj)
 
 
 def find_secrets(text: str, known_values: Iterable[str] = ()) -> list[str]:

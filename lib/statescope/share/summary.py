@@ -17,6 +17,7 @@ from typing import Any
 COMMENT_LIMIT = 65_536
 SAFETY = 1_500  # room for what a person adds around a pasted summary
 LOG_LIMIT = 24_000
+RESULT_LIMIT, RESULT_LINES = 600, 8  # of one displayed value in the cell log
 CHECK_LINE = re.compile(r"^\s*(PASS|FAIL)\b[\s:·—-]+(.+)$", re.M)
 # statescope's reproduce verdict boxes (statescope.verdict.reproduce / statescope.verdict.detect HTML).
 VERDICT_HTML = re.compile(r">\s*(corruption detected|no evidence|geometry not exercised|control broken)\s*<"
@@ -25,7 +26,14 @@ TAG = re.compile(r"<[^>]+>")
 
 
 def cell_text(nb: Any) -> list[tuple[int, str]]:
-    """(cell index, text) of every stream/plain-text output."""
+    """(cell index, text) of every stream/plain-text output, terminal colour codes removed (an
+    issue thread shows them as garbage)."""
+    from statescope.share.decoded import ANSI
+
+    return [(ci, ANSI.sub("", text)) for ci, text in _cell_text(nb)]
+
+
+def _cell_text(nb: Any) -> list[tuple[int, str]]:
     out = []
     for ci, cell in enumerate(nb.cells):
         for o in cell.get("outputs", []):
@@ -34,10 +42,20 @@ def cell_text(nb: Any) -> list[tuple[int, str]]:
             if o.get("output_type") == "stream":
                 out.append((ci, o.get("text", "")))
             elif "text/plain" in o.get("data", {}):
-                out.append((ci, o["data"]["text/plain"]))
+                out.append((ci, _short_result(o["data"]["text/plain"])))
             elif o.get("output_type") == "error":
                 out.append((ci, f"{o.get('ename')}: {o.get('evalue')}"))
     return out
+
+
+def _short_result(text: Any) -> str:
+    """A displayed value's text form, cut to ``RESULT_LIMIT``: a report object's repr is for the
+    full render, not the issue text (a whole ``DivergenceReport(...)`` was ~5 KB)."""
+    text = "".join(text) if isinstance(text, list) else str(text)
+    if len(text) <= RESULT_LIMIT:
+        return text
+    head = "\n".join(text[:RESULT_LIMIT].splitlines()[:RESULT_LINES])
+    return f"{head}\n… [{len(text) - len(head)} more characters of this result: see the full render]"
 
 
 def checks_in(nb: Any) -> list[tuple[str, str]]:

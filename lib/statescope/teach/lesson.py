@@ -72,11 +72,16 @@ class Lesson:
         return record(self.engine, spec, prompts, max_tokens=max_tokens,
                       reset_prefix_cache=reset_prefix_cache)
 
-    def summary(self) -> dict:
+    def summary(self):
+        """The engine's resolved settings that the lesson depends on: a table in a notebook
+        (``KeyValueTable``; ``.to_dict()`` / ``.to_frame()`` for the values)."""
+        from statescope.tables import KeyValueTable
+
         keys = ("vllm_version", "architecture", "enable_prefix_caching", "mamba_cache_mode",
                 "mamba_block_size", "speculative_method", "num_speculative_tokens",
                 "async_scheduling", "model_runner")
-        return {k: self.resolved.get(k) for k in keys}
+        return KeyValueTable("the lesson's engine (resolved configuration)",
+                             {k: self.resolved.get(k) for k in keys}, {"async_scheduling"})
 
     def close(self) -> None:
         self.engine.close()
