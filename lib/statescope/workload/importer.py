@@ -405,7 +405,7 @@ def _import_line(raw: bytes, lineno: int, source: Path, fmt: str, replay: str,
     stats["images"] += n_images
     stats["temperature_nonzero"] += bool(temperature)
     stats["agent_loop_shaped"] += shaped is not None
-    kept_counts.update(kept)
+    kept_counts.update(list(kept))
     normalised_counts.update(k for k in normalised if k != "n" or (body.get("n") or 1) > 1)
     return encoded, {"model": body.get("model"), "start": start, "end": end}
 
