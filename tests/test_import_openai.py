@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
+import openai  # a dev dependency (pyproject's dev extra)
 import pytest
 
 from statescope.engine.config import EngineConfig
@@ -100,7 +101,6 @@ def agent_requests(n_agents: int = 2):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
-    openai = pytest.importorskip("openai")  # a dev dependency (pyproject's dev extra)
     model = tools_model(tmp_path)
     config = EngineConfig(model=str(model), max_model_len=4096, kv_cache_memory_bytes=256 * 2**20,
                           enforce_eager=True,

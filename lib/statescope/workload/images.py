@@ -7,7 +7,7 @@ A file is read only when its real path (symlinks resolved) is inside a root, it 
 (never a device, FIFO or socket: checked with ``lstat`` before and ``fstat`` after an ``O_NOFOLLOW``
 open), and it is at most ``max_bytes`` long; the bytes must then *decode* as a PNG, JPEG, GIF,
 WebP or BMP image with Pillow (a text file that happens to start with ``BM`` is refused) of at
-most ``MAX_IMAGE_PIXELS`` pixels. Anything else is an ``ImageRefused`` (a ``ValueError``) saying
+most ``MAX_IMAGE_PIXELS`` pixels (a file is decoded in full; a data URL verified). Anything else is an ``ImageRefused`` (a ``ValueError``) saying
 what was expected — never any of the refused file's bytes — which callers turn into an
 ``InputError`` naming the file, line and field. Without ``roots`` only data URLs are accepted
 (a trace must be self-contained). ``as_data_url`` makes a data URL of verified bytes;
@@ -37,8 +37,11 @@ class ImageRefused(ValueError):
     """An image part that is not a readable, allowed, verified image (the message says why)."""
 
 
-def verified_format(data: bytes) -> str:
-    """'png', 'jpeg', 'gif', 'webp' or 'bmp' when ``data`` decodes fully as such an image."""
+def verified_format(data: bytes, decode: bool = True) -> str:
+    """'png', 'jpeg', 'gif', 'webp' or 'bmp' when Pillow reads ``data`` as such an image:
+    its header parsed and its structure verified (PNG: every chunk's CRC), and with ``decode``
+    every pixel decoded (a file; an inline data URL is only verified: decoding 20,000 screenshots
+    would cost an import minutes, and its bytes are the log's own)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -49,7 +52,10 @@ def verified_format(data: bytes) -> str:
             w, h = img.size
             if w * h > MAX_IMAGE_PIXELS:
                 raise ImageRefused(f"image of {w}x{h} pixels: expected at most {MAX_IMAGE_PIXELS:,}")
-            img.load()  # decode it all: a truncated or forged file fails here
+            img.verify()  # structure and checksums: a truncated or forged image fails here
+        if decode:
+            with Image.open(io.BytesIO(data)) as img:  # verify() leaves an image unusable
+                img.load()
     except ImageRefused:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
@@ -125,13 +131,15 @@ def image_bytes(url: Any, roots: Sequence[str | Path] | None = None,
         if not path.is_absolute():
             path = Path(roots[0]) / path
         data = _read_file(path, roots, max_bytes)
-    verified_format(data)
+        verified_format(data, decode=True)
+        return data
+    verified_format(data, decode=False)
     return data
 
 
 def as_data_url(data: bytes) -> str:
     """A data URL of ``data`` (bytes ``image_bytes`` verified)."""
-    return f"data:image/{verified_format(data)};base64," + base64.b64encode(data).decode("ascii")
+    return f"data:image/{verified_format(data, decode=False)};base64," + base64.b64encode(data).decode("ascii")
 
 
 def open_image(url: str, roots: Sequence[str | Path] | None = None):
