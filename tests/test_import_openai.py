@@ -102,8 +102,9 @@ def agent_requests(n_agents: int = 2):
 @pytest.mark.engine
 def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
     model = tools_model(tmp_path)
+    # no speculation: the prompts are the point here, and the server starts sooner on 2 cores
     config = EngineConfig(model=str(model), max_model_len=4096, kv_cache_memory_bytes=256 * 2**20,
-                          enforce_eager=True,
+                          enforce_eager=True, speculative_method=None, num_speculative_tokens=0,
                           extra={"enable_auto_tool_choice": True, "tool_call_parser": "pythonic"})
     log = tmp_path / "logs" / "requests.jsonl"
     log.parent.mkdir()
@@ -114,7 +115,7 @@ def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
                 fh.write(json.dumps({"timestamp": time.time(),
                                      "body": json.loads(request.read())}) + "\n")
 
-    with VllmServer(config, env={"OMP_NUM_THREADS": "1"}) as server:
+    with VllmServer(config, env={"OMP_NUM_THREADS": "1"}, startup_timeout_s=900) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0,
                                http_client=httpx.Client(event_hooks={"request": [log_body]},
                                                         timeout=120))

@@ -173,7 +173,9 @@ def messages_of(body: dict, images: ImageCache) -> tuple[list[dict], int]:
 
 
 def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
-    """BadField when ``obj`` nests deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    """BadField when ``obj`` nests deeper than ``limit`` (iterative: no recursion to exhaust).
+    Message ``content`` is not walked: ``messages_of`` rebuilds it from checked strings, so
+    nothing nested in it is kept (and a screenshot-heavy line stays cheap to check)."""
     stack = [(obj, 0, "(line)")]
     while stack:
         cur, depth, where = stack.pop()
@@ -181,7 +183,7 @@ def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
             raise BadField(where, f"nested deeper than {limit} levels")
         if isinstance(cur, dict):
             stack.extend((v, depth + 1, k if where == "(line)" else where) for k, v in cur.items()
-                         if isinstance(v, (dict, list)))
+                         if isinstance(v, (dict, list)) and k != "content")
         elif isinstance(cur, list):
             stack.extend((v, depth + 1, where) for v in cur if isinstance(v, (dict, list)))
 
