@@ -2,7 +2,8 @@
 
 What it does: ``statescope workload [--preset NAME] [--vision] [--geometry G] --out TRACE`` writes a
 preset trace; ``statescope workload import FILE [--format openai-chat|openai-batch|auto]
-[--group-by auto|prefix|root|field:NAME] [--replay as_logged|agent_loop] --out TRACE`` streams a
+[--group-by auto|prefix|root|field:NAME] [--replay as_logged|agent_loop] [--allow-root DIR]
+[--drop-images] [--max-image-bytes N] [--max-line-bytes N] [--max-trace-bytes N] --out TRACE`` streams a
 JSONL log of chat-completions request bodies into a trace and ``TRACE``'s manifest
 (``statescope.workload.importer``). Both print one summary line (``--json``: the manifest).
 Exit 0 done, 2 bad input (file, line and field named).
@@ -42,8 +43,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
     if not args.file:
         raise InputError("workload import: expected the request log to import "
                          "(statescope workload import FILE --out TRACE)")
+    caps = {k: getattr(args, k) for k in ("max_image_bytes", "max_line_bytes", "max_trace_bytes")
+            if getattr(args, k) is not None}
+    for name, value in caps.items():
+        if value < 1:
+            raise InputError(f"workload import --{name.replace('_', '-')} {value}: expected a "
+                             "positive number of bytes")
     m = import_request_log(args.file, args.out, fmt=args.format, group_by=args.group_by,
-                           replay=args.replay, default_max_tokens=args.max_tokens)
+                           replay=args.replay, default_max_tokens=args.max_tokens,
+                           allow_roots=args.allow_root or (), drop_images=args.drop_images, **caps)
     if args.json:
         print(json.dumps(m, indent=2))
     else:
@@ -51,6 +59,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
         print(f"imported {m['requests']} requests ({m['episodes']} episodes by {m['group_by']}, "
               f"{m['images']} images{extra}) to {m['trace']} [replay {m['replay']}]; "
               f"manifest {manifest_path(m['trace'])}")
+        kept = m["fields"]["kept"]
+        if kept:
+            print("kept and sent on replay: " + ", ".join(f"{k} ({v})" for k, v in kept.items()))
         for note in m["notes"]:
             print(f"note: {note}")
     return 0
@@ -75,6 +86,15 @@ def add_workload_subcommand(sub: Any) -> None:
     wl.add_argument("--replay", default="as_logged", help="with import: as_logged | agent_loop")
     wl.add_argument("--max-tokens", type=int, default=64,
                     help="with import: for requests that do not say (default 64)")
+    wl.add_argument("--allow-root", action="append", metavar="DIR",
+                    help="with import: a further folder image files may be read from (repeatable; "
+                         "default: only the log's own folder)")
+    wl.add_argument("--drop-images", action="store_true",
+                    help="with import: leave image parts out (a text-only model; the manifest "
+                         "counts them)")
+    wl.add_argument("--max-image-bytes", type=int, default=None, help="with import: cap of one image")
+    wl.add_argument("--max-line-bytes", type=int, default=None, help="with import: cap of one log line")
+    wl.add_argument("--max-trace-bytes", type=int, default=None, help="with import: cap of the trace")
     wl.add_argument("--out", default="runs/trace.jsonl")
     wl.add_argument("--json", action="store_true")
     wl.set_defaults(func=cmd_workload)

@@ -38,6 +38,7 @@ from statescope.errors import EnvironmentBroken, InputError
 from statescope.engine.server import VllmServer, read_metrics, read_resolved
 from statescope.records import ResultsStore, load_records
 from statescope.workload.images import image_urls, open_image
+from statescope.workload.request_fields import kept_fields, offline_blocked
 
 Prompt = Union[str, Sequence[int], Sequence[Mapping[str, Any]]]
 
@@ -57,6 +58,35 @@ def prompt_kind(prompt: Any, index: int = 0) -> str:
             return "chat"
     raise InputError(f"prompts[{index}]: expected a string, a non-empty list of token ids or a list "
                      f"of chat messages ({{'role':..., 'content':...}}), got {str(prompt)[:80]!r}")
+
+
+def template_inputs(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools) for a chat template, as vLLM's chat endpoint hands them over: tools as
+    vLLM's own request model dumps them, and tool-call arguments as objects, not JSON strings
+    (the Transformers convention vLLM follows), so the offline prompt is the server's."""
+    fields = kept_fields(messages)
+    tools = None
+    if fields.get("tools"):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
+        tools = [ChatCompletionToolsParam.model_validate(t).model_dump() for t in fields["tools"]]
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+            calls = []
+            for call in m["tool_calls"]:
+                call = {**call, "function": dict(call.get("function") or {})}
+                args = call["function"].get("arguments")
+                if isinstance(args, str):
+                    try:
+                        call["function"]["arguments"] = json.loads(args) if args else {}
+                    except json.JSONDecodeError:
+                        pass  # left as the string: the template shows it as recorded
+                calls.append(call)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out, tools
 
 
 def _margin(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -105,11 +135,16 @@ class OfflineRunner(_ClosingContext):
         if kind != "chat":
             return prompt if kind == "text" else list(prompt)
         # Render then tokenize without special tokens: what vLLM's chat endpoint does, so both
-        # runners see the same prompt token ids.
+        # runners see the same prompt token ids (tools included: the template renders them).
         tok = self.engine.llm.get_tokenizer()
-        text = tok.apply_chat_template([dict(m) for m in prompt], tokenize=False,
+        messages, tools = template_inputs(prompt)
+        text = tok.apply_chat_template(messages, tools=tools, tokenize=False,
                                        add_generation_prompt=True)
-        urls = list(image_urls(prompt)) if self._multimodal else []
+        urls = list(image_urls(prompt))
+        if urls and not self._multimodal:
+            raise InputError(f"prompts[{index}]: {len(urls)} image(s), but {self.config.model} is a "
+                             "text-only model (a server refuses them too): use a vision model, or "
+                             "import the log with --drop-images")
         if urls:
             # The template wrote one placeholder per image; vLLM's processor expands each to the
             # image's tokens (what the server does with the same messages).
@@ -118,12 +153,19 @@ class OfflineRunner(_ClosingContext):
             except ValueError as exc:
                 raise InputError(f"prompts[{index}]: image: {exc}") from exc
             return {"prompt": text, "multi_modal_data": {"image": images}}
-        # A text-only model never sees images: its chat template renders text parts only.
         return list(tok.encode(text, add_special_tokens=False))
 
     def generate(self, prompts: Sequence[Prompt], *, max_tokens: int, logprobs: int = 2,
                  ignore_eos: bool = False) -> list[RequestRecord]:
         t0 = time.perf_counter()
+        for i, p in enumerate(prompts):
+            blocked = offline_blocked(kept_fields(p))
+            if blocked:  # the engine is given a prompt, not a body: it cannot apply this field
+                raise InputError(f"prompts[{i}]: request field {blocked!r} is not applied by the "
+                                 "offline runner; replay the trace with a server runner "
+                                 "(--runner server or a URL)")
+            if logprobs:  # ask for as many top logprobs as the request did (never fewer)
+                logprobs = max(logprobs, int(kept_fields(p).get("top_logprobs") or 0))
         inputs = [self.engine_prompt(p, i) for i, p in enumerate(prompts)]
         records = self.engine.generate(inputs, max_tokens=max_tokens, logprobs=logprobs,
                                        ignore_eos=ignore_eos)
@@ -220,15 +262,21 @@ class ServerRunner(_ClosingContext):
 
     def _body(self, prompt: Prompt, kind: str, max_tokens: int, logprobs: int,
               ignore_eos: bool) -> tuple[str, dict]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": 0.0,
-                                "ignore_eos": ignore_eos,
+        fields = kept_fields(prompt)
+        # the request's own kept fields (tools, stop, ...) as recorded; the runner's own keys win
+        body: dict[str, Any] = {**fields, "model": self.model, "max_tokens": max_tokens,
+                                "temperature": 0.0,
+                                "ignore_eos": bool(ignore_eos or fields.get("ignore_eos")),
                                 # exact ids of prompt and output, and top-k keys that cannot
                                 # collide the way two tokens decoding to one string would
                                 "return_token_ids": True, "return_tokens_as_token_ids": True}
         if kind == "chat":
             body["messages"] = [dict(m) for m in prompt]
             if logprobs:
-                body.update(logprobs=True, top_logprobs=logprobs)
+                body.update(logprobs=True,
+                            top_logprobs=max(logprobs, int(fields.get("top_logprobs") or 0)))
+            else:
+                body.pop("top_logprobs", None)
             return "/v1/chat/completions", body
         body["prompt"] = prompt if kind == "text" else list(prompt)
         if logprobs:

@@ -95,9 +95,48 @@ def _tokenizer(model: str):
 
 
 def _texts(user: Any) -> list[str]:
+    """The text parts of a turn (none for a turn without content: an assistant's tool calls)."""
+    if user is None:
+        return []
     if isinstance(user, str):
         return [user]
     return [p.get("text", "") for p in user if isinstance(p, dict) and p.get("type") == "text"]
+
+
+def _step_texts(step: Any) -> list[str]:
+    """Texts a step adds to its episode's prompt: its user turn, or (an imported as_logged step
+    without one) its recorded request's last message."""
+    if step.user is not None or not step.messages:
+        return _texts(step.user)
+    return _texts(step.messages[-1].get("content"))
+
+
+def check_trace_runner(trace: Sequence[Any], arms: Sequence[Any], runner: Any) -> None:
+    """A trace's images need a vision model and its request fields a runner that applies them:
+    the same refusal on every runner, before anything starts."""
+    from statescope.workload.model_files import is_multimodal
+    from statescope.workload.request_fields import offline_blocked
+
+    if runner == "offline":
+        for s in trace:
+            blocked = offline_blocked(s.request or {})
+            if blocked:
+                raise InputError(f"{s.source or 'trace'}: field 'request.{blocked}': the offline "
+                                 "runner gives the engine a prompt, not a request body, so it "
+                                 "cannot apply it; replay with --runner server (or your server's "
+                                 "URL)")
+    if runner not in RUNNERS:
+        return  # a URL serves a model statescope does not know: the server itself refuses
+    with_images = next((s for s in trace if s.n_images), None)
+    if with_images is None:
+        return
+    for arm in arms:
+        if not is_multimodal(arm.config.model):
+            n = sum(s.n_images for s in trace)
+            raise InputError(f"{with_images.source or 'trace'}: the trace holds {n} images, but "
+                             f"arm {arm.name!r}'s model {arm.config.model} is text-only (it would "
+                             "never read them; a server refuses them with HTTP 400): use a vision "
+                             "model (--model tiny-vl), or import the log with --drop-images")
 
 
 def check_trace(trace: Sequence[Any], arms: Sequence[Any], *, prompts: bool = True) -> None:
@@ -120,7 +159,7 @@ def check_trace(trace: Sequence[Any], arms: Sequence[Any], *, prompts: bool = Tr
     for steps in episodes_of(list(trace)).values():
         tokens = len(tok.encode(steps[0].system).ids) if steps[0].system else 0
         for s in steps:
-            tokens += sum(len(tok.encode(t).ids) for t in _texts(s.user) if t)
+            tokens += sum(len(tok.encode(t).ids) for t in _step_texts(s) if t)
             if tokens + s.max_tokens > limit:
                 raise InputError(
                     f"{s.source or 'trace'}: episode {s.episode!r} step {s.step}: its prompt has at "
@@ -177,4 +216,5 @@ def check_reproduce(trigger: Any, control: Any, trace: Sequence[Any], *, store_r
         if runner in RUNNERS:  # a URL runner serves its own model
             check_model_dir(arm.config.model)
     check_trace(trace, arms, prompts=runner in RUNNERS)
+    check_trace_runner(trace, arms, runner)
     check_store(store_root, run_id)

@@ -2,8 +2,10 @@
 
 What it does: ``body_of(obj, fmt)`` finds the chat-completions body of a line (a bare body, one
 wrapped as ``{"body": ...}`` / ``{"request": ...}``, or an OpenAI Batch API line); ``messages_of``
-checks and normalises its messages (roles, text and ``image_url`` parts; image files embedded as
-data URLs through a small cache of checked images, ``ImageCache``); ``first_field`` / ``lookup``
+checks and normalises its messages (roles, text and ``image_url`` parts with their ``detail``,
+assistant ``tool_calls`` and ``tool`` results; image files embedded as data URLs through a small
+cache of checked images, ``ImageCache``, read only from its allowed folders); ``check_depth`` and
+``surrogate_field`` find a too-deep nesting and a lone surrogate; ``first_field`` / ``lookup``
 read metadata (ids, times) at the top level, in the body or in ``metadata``; ``timestamp`` reads
 epoch seconds, milliseconds or ISO 8601. Problems raise ``BadField(field, what)``, which the
 importer turns into an ``InputError`` with the file and line.
@@ -19,9 +21,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from statescope.workload.images import as_data_url, image_bytes
+from statescope.workload.images import MAX_IMAGE_BYTES, ImageRefused, as_data_url, image_bytes
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_DEPTH = 64  # JSON nesting of one line (a chat body needs < 10; tool schemas a few more)
 
 
 class BadField(Exception):
@@ -60,15 +63,23 @@ def first_field(obj: dict, meta: dict, names: tuple[str, ...]) -> tuple[str | No
 
 class ImageCache:
     """Recently checked image URLs (by sha1): an agent log repeats a screenshot across steps.
-    Data URLs are remembered as checked (20 bytes each); a file's data URL is kept for the last
-    ``files`` files only, so the cache stays small whatever the log holds."""
+    Data URLs are remembered as checked (20 bytes each); files' data URLs are kept up to
+    ``file_bytes`` in all, so the cache stays small whatever the log holds. Files are read only
+    inside ``roots`` (``statescope.workload.images``); ``drop_images`` removes every image part
+    instead (a text-only model: the replay is then labelled so)."""
 
-    def __init__(self, size: int = 4096, files: int = 32) -> None:
+    def __init__(self, roots: list[Path] | None = None, size: int = 4096,
+                 file_bytes: int = 48 * 1024 * 1024, max_image_bytes: int = MAX_IMAGE_BYTES,
+                 drop_images: bool = False) -> None:
+        self.roots = [Path(r) for r in (roots or [])]
         self.size, self.seen = size, OrderedDict()
-        self.files, self.file_urls = files, OrderedDict()
+        self.file_bytes, self.file_urls, self.held = file_bytes, OrderedDict(), 0
+        self.max_image_bytes, self.drop_images = max_image_bytes, drop_images
+        self.dropped = 0
 
-    def data_url(self, url: Any, base_dir: Path, field_name: str) -> str:
-        key = hashlib.sha1(url.encode()).digest() if isinstance(url, str) else None
+    def data_url(self, url: Any, field_name: str) -> str:
+        key = hashlib.sha1(url.encode("utf-8", "surrogatepass")).digest() \
+            if isinstance(url, str) else None
         if key is not None and key in self.seen:
             self.seen.move_to_end(key)
             return url
@@ -76,22 +87,24 @@ class ImageCache:
             self.file_urls.move_to_end(key)
             return self.file_urls[key]
         try:
-            data = image_bytes(url, base_dir)
-        except ValueError as exc:
+            data = image_bytes(url, self.roots, self.max_image_bytes)
+        except ImageRefused as exc:
             raise BadField(field_name, str(exc)) from None
         if url.startswith("data:"):
             self.seen[key] = None
             if len(self.seen) > self.size:
                 self.seen.popitem(last=False)
             return url
-        self.file_urls[key] = as_data_url(data)
-        if len(self.file_urls) > self.files:
-            self.file_urls.popitem(last=False)
-        return self.file_urls[key]
+        out = as_data_url(data)
+        self.file_urls[key] = out
+        self.held += len(out)
+        while self.held > self.file_bytes and len(self.file_urls) > 1:
+            self.held -= len(self.file_urls.popitem(last=False)[1])
+        return out
 
 
-def _content(content: Any, where: str, images: ImageCache, base_dir: Path) -> tuple[Any, int]:
-    """Normalised content (image parts as {'url': data URL}) and its number of images."""
+def _content(content: Any, where: str, images: ImageCache) -> tuple[Any, int]:
+    """Normalised content (image parts as {'url': data URL[, 'detail']}) and its images."""
     if content is None or isinstance(content, str):
         return content, 0
     if not isinstance(content, list):
@@ -105,10 +118,17 @@ def _content(content: Any, where: str, images: ImageCache, base_dir: Path) -> tu
                 raise BadField(pw + ".text", "expected a string")
             out.append({"type": "text", "text": part["text"]})
         elif kind == "image_url":
+            if images.drop_images:
+                images.dropped += 1
+                continue
             inner = part.get("image_url")
             url = inner.get("url") if isinstance(inner, dict) else inner
-            out.append({"type": "image_url",
-                        "image_url": {"url": images.data_url(url, base_dir, pw + ".image_url.url")}})
+            image = {"url": images.data_url(url, pw + ".image_url.url")}
+            if isinstance(inner, dict) and inner.get("detail") is not None:
+                if inner["detail"] not in ("auto", "low", "high"):
+                    raise BadField(pw + ".image_url.detail", "expected 'auto', 'low' or 'high'")
+                image["detail"] = inner["detail"]  # sent as recorded (vLLM ignores it, and says so)
+            out.append({"type": "image_url", "image_url": image})
             n_images += 1
         else:
             raise BadField(pw + ".type", f"expected 'text' or 'image_url', got {kind!r} (other "
@@ -116,7 +136,18 @@ def _content(content: Any, where: str, images: ImageCache, base_dir: Path) -> tu
     return out, n_images
 
 
-def messages_of(body: dict, images: ImageCache, base_dir: Path) -> tuple[list[dict], int]:
+def _tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list) or not calls:
+        raise BadField(where, "expected a non-empty list of tool calls")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise BadField(f"{where}[{j}]", "expected {'id', 'type': 'function', 'function': "
+                                            "{'name': str, 'arguments': str}}")
+
+
+def messages_of(body: dict, images: ImageCache) -> tuple[list[dict], int]:
     msgs = body.get("messages")
     if msgs is None:
         raise BadField("messages", "missing (expected an OpenAI chat-completions request body)")
@@ -127,12 +158,59 @@ def messages_of(body: dict, images: ImageCache, base_dir: Path) -> tuple[list[di
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise BadField(f"messages[{i}].role", f"expected one of {ROLES}, got "
                                               f"{(m.get('role') if isinstance(m, dict) else m)!r}")
-        if "content" not in m:
+        if m.get("tool_calls") is not None:
+            if m["role"] != "assistant":
+                raise BadField(f"messages[{i}].tool_calls", "only an assistant message calls tools")
+            _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        elif "content" not in m:
             raise BadField(f"messages[{i}].content", "missing")
-        content, k = _content(m["content"], f"messages[{i}].content", images, base_dir)
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise BadField(f"messages[{i}].tool_call_id", "expected the id of the call it answers")
+        content, k = _content(m.get("content"), f"messages[{i}].content", images)
         out.append({**m, "content": content})
         n_images += k
     return out, n_images
+
+
+def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
+    """BadField when ``obj`` nests deeper than ``limit`` (iterative: no recursion to exhaust).
+    Message ``content`` is not walked: ``messages_of`` rebuilds it from checked strings, so
+    nothing nested in it is kept (and a screenshot-heavy line stays cheap to check)."""
+    stack = [(obj, 0, "(line)")]
+    while stack:
+        cur, depth, where = stack.pop()
+        if depth > limit:
+            raise BadField(where, f"nested deeper than {limit} levels")
+        if isinstance(cur, dict):
+            stack.extend((v, depth + 1, k if where == "(line)" else where) for k, v in cur.items()
+                         if isinstance(v, (dict, list)) and k != "content")
+        elif isinstance(cur, list):
+            stack.extend((v, depth + 1, where) for v in cur if isinstance(v, (dict, list)))
+
+
+def surrogate_field(obj: Any, where: str = "") -> str | None:
+    """The path of the first string (key or value) of ``obj`` holding a lone surrogate."""
+    def bad(s: str) -> bool:
+        try:
+            s.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+
+    stack = [(obj, where)]
+    while stack:
+        cur, path = stack.pop()
+        if isinstance(cur, str) and bad(cur):
+            return path or "(line)"
+        if isinstance(cur, dict):
+            for k, v in cur.items():
+                sub = f"{path}.{k}" if path else str(k)
+                if bad(str(k)):
+                    return sub
+                stack.append((v, sub))
+        elif isinstance(cur, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(cur))
+    return None
 
 
 def body_of(obj: dict, fmt: str) -> tuple[dict, str]:

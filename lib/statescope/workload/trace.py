@@ -10,6 +10,8 @@ Schema (``trace_version`` 1), one JSON object per line:
                                       #   {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
      "messages": [...],               # as_logged only: the request's whole message list, as recorded
      "max_tokens": 24,
+     "request": {...},                # optional: the request's other fields sent on replay (tools,
+                                      #   tool_choice, stop, ...: statescope.workload.request_fields)
      "expected": "click(id=12)",      # optional: the correct action, for grading
      "geometry": null | {"align": "before"|"at"|"after"|"image_across", "offset": 0}}   # optional
 
@@ -17,7 +19,8 @@ Two replay modes. *agent_loop*: a step's request is built at run time from syste
 user turn and the *answer the engine actually gave* + this user turn, so the prompt grows by a
 shared prefix (``build_messages``) — what presets do. *as_logged*: the step sends its recorded
 ``messages`` unchanged (an imported request log: ``statescope.workload.importer``); ``system`` and
-``user`` are then optional and only needed to replay the same trace as an agent loop. All lines of
+``user`` are then optional (an import leaves them null: the messages hold the turns, and an
+agent-loop replay derives them from there when the messages are shaped so). All lines of
 a trace share one mode. Steps of an episode are numbered 0..n-1 without gaps. The metadata keys
 ``request_id``, ``arrival_s``, ``temperature`` and ``log_line`` are kept as ``extra``; any other
 key is an error (a misspelt field must not be ignored).
@@ -57,6 +60,7 @@ class TraceStep:
     extra: dict = field(default_factory=dict)
     replay: str = "agent_loop"
     messages: list | None = None  # as_logged: the recorded request
+    request: dict | None = None   # kept request fields sent on replay (tools, stop, ...)
     # where the step was read ("trace.jsonl:12"), for errors; not part of the step itself
     source: str | None = field(default=None, compare=False, repr=False)
 
@@ -66,6 +70,8 @@ class TraceStep:
                "max_tokens": self.max_tokens}
         if self.messages is not None:
             out["messages"] = self.messages
+        if self.request is not None:
+            out["request"] = self.request
         if self.expected is not None:
             out["expected"] = self.expected
         if self.geometry is not None:
@@ -82,6 +88,30 @@ class TraceStep:
         if not isinstance(self.user, list):
             return 0
         return sum(1 for p in self.user if p.get("type") == "image_url")
+
+
+def agent_loop_turns(messages: list[dict], step: int) -> tuple[str | None, Any] | None:
+    """(system, user turn) when ``messages`` is ``[system] + step × (user, assistant) + user``
+    with a text-only system prompt; else None (the request cannot be rebuilt as an agent loop)."""
+    if any(m.get("tool_calls") for m in messages):
+        return None  # tool calls are answers an agent loop would have to re-create
+    system, rest = None, messages
+    if rest and rest[0]["role"] == "system":
+        c = rest[0]["content"]
+        if isinstance(c, list):
+            if any(p["type"] != "text" for p in c):
+                return None
+            c = "".join(p["text"] for p in c)
+        if not isinstance(c, str):
+            return None
+        system, rest = c, rest[1:]
+    if len(rest) != 2 * step + 1:
+        return None
+    if any(m["role"] != ("user" if i % 2 == 0 else "assistant") for i, m in enumerate(rest)):
+        return None
+    if rest[-1]["content"] is None or rest[-1]["content"] == "":
+        return None
+    return system, rest[-1]["content"]
 
 
 def _fail(path: Path | str, lineno: int, what: str) -> None:
@@ -150,8 +180,12 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
                             or not isinstance(geo.get("offset", 0), int)):
         _fail(path, lineno, f"field 'geometry': expected null or {{'align': one of {ALIGNS}, "
                             "'offset': int}")
+    request = obj.get("request")
+    if request is not None and not isinstance(request, dict):
+        _fail(path, lineno, f"field 'request': expected an object of request fields, got "
+                            f"{type(request).__name__}")
     known = {"trace_version", "episode", "step", "system", "user", "max_tokens", "expected",
-             "geometry", "replay", "messages", *METADATA}
+             "geometry", "replay", "messages", "request", *METADATA}
     unknown = sorted(set(obj) - known)
     if unknown:  # a misspelt field ("max_token") must not be ignored silently
         _fail(path, lineno, f"unknown field(s) {unknown}; expected fields from {sorted(known)}")
@@ -162,7 +196,8 @@ def parse_line(obj: Any, path: Path | str = "<trace>", lineno: int = 1) -> Trace
     core = known - set(METADATA)
     return TraceStep(obj["episode"], obj["step"], system, obj.get("user"), obj["max_tokens"],
                      obj.get("expected"), geo, {k: v for k, v in obj.items() if k not in core},
-                     replay=replay, messages=obj.get("messages"), source=f"{path}:{lineno}")
+                     replay=replay, messages=obj.get("messages"), request=request,
+                     source=f"{path}:{lineno}")
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:
@@ -231,17 +266,26 @@ def build_messages(episode_steps: list[TraceStep], step: int, answers: list[str]
     if len(answers) < step:
         raise InputError(f"episode {episode_steps[0].episode!r} step {step}: needs {step} earlier "
                          f"answers, got {len(answers)}")
-    missing = [s.step for s in episode_steps[:step + 1] if s.user is None]
+    turns = [_turns(s) for s in episode_steps[:step + 1]]
+    missing = [s.step for s, t in zip(episode_steps, turns) if t is None]
     if missing:
         raise InputError(f"episode {episode_steps[0].episode!r} step {missing[0]}: no 'user' turn "
-                         "recorded, so it cannot be replayed as an agent loop (replay it as_logged)")
-    system = episode_steps[0].system
+                         "recorded (nor messages shaped [system] (user assistant)* user), so it "
+                         "cannot be replayed as an agent loop (replay it as_logged)")
+    system = turns[0][0]
     msgs = [] if system is None else [{"role": "system", "content": system}]
     for k in range(step):
-        msgs += [{"role": "user", "content": episode_steps[k].user},
+        msgs += [{"role": "user", "content": turns[k][1]},
                  {"role": "assistant", "content": answers[k]}]
-    msgs.append({"role": "user", "content": episode_steps[step].user})
+    msgs.append({"role": "user", "content": turns[step][1]})
     return msgs
+
+
+def _turns(s: TraceStep) -> tuple[str | None, Any] | None:
+    """(system, user turn) of a step: as written, or derived from its recorded messages."""
+    if s.user is not None:
+        return s.system, s.user
+    return agent_loop_turns(s.messages, s.step) if s.messages else None
 
 
 def trace_sha(trace: Sequence[TraceStep]) -> str:
@@ -259,7 +303,10 @@ def trace_sha(trace: Sequence[TraceStep]) -> str:
 def step_messages(episode_steps: list[TraceStep], step: int, answers: list[str],
                   replay: str | None = None) -> list[dict]:
     """The request of ``step`` in ``replay`` mode (default: the trace's own): the recorded messages
-    (as_logged) or the agent loop rebuilt from the engine's ``answers`` (agent_loop)."""
+    (as_logged) or the agent loop rebuilt from the engine's ``answers`` (agent_loop); a
+    ``ChatRequest`` carrying the step's ``request`` fields when it has any."""
+    from statescope.workload.request_fields import ChatRequest
+
     mode = replay or episode_steps[step].replay
     if mode not in REPLAYS:
         raise InputError(f"replay={mode!r}: expected one of {REPLAYS}")
@@ -268,8 +315,11 @@ def step_messages(episode_steps: list[TraceStep], step: int, answers: list[str],
         if recorded is None:
             raise InputError(f"episode {episode_steps[0].episode!r} step {step}: no recorded "
                              "'messages' (a preset trace replays as agent_loop only)")
-        return [dict(m) for m in recorded]
-    return build_messages(episode_steps, step, answers)
+        msgs = [dict(m) for m in recorded]
+    else:
+        msgs = build_messages(episode_steps, step, answers)
+    fields = episode_steps[step].request
+    return ChatRequest(msgs, fields) if fields else msgs
 
 
 def prompt_sha(token_ids: Sequence[int]) -> str:
