@@ -196,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         except StatescopeError as exc:
             print(f"statescope {args.command}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a run turned it into this
+            from statescope.records import Terminated
+
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            print(f"statescope {args.command}: {what}; what was stored is kept (resume with the "
+                  "same --run-id)", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
 
 
 def _owns_stderr() -> bool:

@@ -189,6 +189,8 @@ def read_trace(path: str | Path) -> list[TraceStep]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             _fail(path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
+        except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting too deep
+            _fail(path, lineno, f"not valid JSON ({type(exc).__name__}: {str(exc)[:120]})")
         step = parse_line(obj, path, lineno)
         want = next_step.get(step.episode, 0)
         if step.step != want:
