@@ -302,6 +302,11 @@ def test_a_resumed_store_gives_the_same_verdict_and_marks_its_lifetimes(first_ru
     f = first_run
     resumed = f["root"] / "resumed"
     shutil.copytree(f["root"] / "first", resumed)
+    # the copy becomes run 'resumed' (a folder of another run id is refused: issue 33 item 2)
+    for name in ("records.jsonl", "lifetimes.jsonl", "manifest.json"):
+        text = (resumed / name).read_text()
+        (resumed / name).write_text(text.replace('"run_id": "first"', '"run_id": "resumed"'))
+    (resumed / ".run.lock").unlink(missing_ok=True)
     lines = (resumed / "records.jsonl").read_text().splitlines()
     trig = [i for i, ln in enumerate(lines) if json.loads(ln)["build"] == "trigger"]
     keep = [ln for i, ln in enumerate(lines) if i not in trig[len(trig) // 2:]]
