@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_workbook)
     add_workload_subcommand(sub)
     r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
-    r.add_argument("--preset", default="smoke")
+    r.add_argument("--preset", default=None, help="workload preset (default smoke); not with --trace")
     r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
                                                   "(episode ids prefixed s<seed>-)")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
