@@ -99,6 +99,38 @@ def test_env_sh_variables_reach_the_cell_and_this_checkout_comes_first(tmp_path,
     assert cell_env["STATESCOPE_TEST_FROM_ENV_SH"] == "yes"
     assert cell_env["PYTHONPATH"].startswith(str(REPO / "lib"))
     assert not (d / "lib").exists()  # nothing was written into the environment
+    from statescope.builds.install import list_builds
+
+    listed = [r for r in list_builds() if r["spec"] == spec.label]  # `build list` shows what `add` checked
+    assert len(listed) == 1 and listed[0]["status"] == "ok" and listed[0]["vllm"], list_builds()
+
+
+def test_env_sh_sees_a_minimal_environment_without_credentials(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secretvalue")
+    monkeypatch.setenv("MY_SERVICE_API_KEY", "k-secret")
+    monkeypatch.setenv("SS_UNLISTED", "caller")
+    d = _env_folder(tmp_path, 'export SEEN="token=$HF_TOKEN key=$MY_SERVICE_API_KEY '
+                              'other=$SS_UNLISTED path=${PATH:+set}"\n')
+    env = existing.cell_environment(BuildSpec.parse(f"env:{d}"))
+    assert env["SEEN"] == "token= key= other= path=set", env["SEEN"]
+    assert "HF_TOKEN" not in existing.source_environment()
+
+
+def test_a_hanging_env_sh_is_one_line_after_its_time_limit(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(existing, "ENV_SH_TIMEOUT_S", 1.5)
+    d = _env_folder(tmp_path, "sleep 300\n")
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=r"env\.sh: sourcing it did not finish within 1.5 s") as exc:
+        existing.cell_environment(BuildSpec.parse(f"env:{d}"))
+    assert time.monotonic() - t0 < 20 and "\n" not in str(exc.value)
+
+
+def test_a_path_with_a_trailing_space_is_refused(tmp_path):
+    d = _env_folder(tmp_path, "true\n")
+    with pytest.raises(InputError, match="ends with a space"):
+        BuildSpec.parse(f"env:{d} +patch:accept_sync")
 
 
 def test_an_env_sh_that_fails_is_an_input_error(tmp_path):

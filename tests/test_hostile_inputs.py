@@ -67,6 +67,9 @@ def planted(tmp_path) -> Path:
     (tmp_path / "huge-max-tokens.jsonl").write_text(_line(max_tokens=100000))
     (tmp_path / "long-prompt.jsonl").write_text(_line(user="word " * 12_000))
     (tmp_path / "misspelt.jsonl").write_text(_line(max_token=4))
+    (tmp_path / "bad-image.jsonl").write_text(_line(user=[
+        {"type": "text", "text": "u"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,!!!notb64"}}]))
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     good = {"run_id": "r1", "build": "trigger", "config_hash": "x", "episode": "e0", "step": 0}
@@ -131,6 +134,10 @@ CASES = [
     ("bisect control unknown", ["bisect", "--simulate", "10:3:0:1", "--control", "x"], "control='x'"),
     ("preset unknown", ["reproduce", "--preset", "huge"], "preset 'huge'"),
     ("control unknown", ["reproduce", "--control", "nothing"], "control='nothing'"),
+    ("trace and preset", ["reproduce", "--trace", f"{T}/ok.jsonl", "--preset", "repro288"],
+     "expected one workload"),
+    ("image data URL not base64", ["reproduce", "--trace", f"{T}/bad-image.jsonl"],
+     "bad-image.jsonl:1: field 'user[1]': the image's data URL is not"),
 ]
 
 
@@ -302,6 +309,11 @@ def test_a_resumed_store_gives_the_same_verdict_and_marks_its_lifetimes(first_ru
     f = first_run
     resumed = f["root"] / "resumed"
     shutil.copytree(f["root"] / "first", resumed)
+    # the copy becomes run 'resumed' (a folder of another run id is refused: issue 33 item 2)
+    for name in ("records.jsonl", "lifetimes.jsonl", "manifest.json"):
+        text = (resumed / name).read_text()
+        (resumed / name).write_text(text.replace('"run_id": "first"', '"run_id": "resumed"'))
+    (resumed / ".run.lock").unlink(missing_ok=True)
     lines = (resumed / "records.jsonl").read_text().splitlines()
     trig = [i for i, ln in enumerate(lines) if json.loads(ln)["build"] == "trigger"]
     keep = [ln for i, ln in enumerate(lines) if i not in trig[len(trig) // 2:]]

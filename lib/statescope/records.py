@@ -5,27 +5,72 @@ per record, so a record reported written survives a SIGKILL), keeps ``manifest.j
 atomic replace, and reports which record keys are already stored so an interrupted run can resume.
 A torn last line left by a kill is ignored with a warning and cut off before the next append;
 a corrupt line anywhere else is an ``InputError``. Loaders return pandas DataFrames.
-What it deliberately does not do: lock against concurrent writers (one writer per run), compact,
-deduplicate or rewrite records.
+
+A run folder is this run's or nothing: ``start`` refuses (before it writes anything) a manifest,
+records or lifetimes of another run id or another run fingerprint (a caller's hash of what the
+run is: trace, configurations, build), so a folder copied from elsewhere is never resumed as this
+run. ``lock`` takes an exclusive ``flock`` on ``<run>/.run.lock`` for the run's life: a second
+process on the same run id is refused before it starts anything. A store that never started
+leaves an existing manifest alone (a refused resume never turns ``completed`` into ``failed``).
+An OS error while writing (disk full, permission) is one ``StoreWriteFailed`` naming the path and
+what is kept; temp files are removed, and the final status reaches the manifest even on a full
+disk (rewritten in place when no temp file fits). Engine lifetimes may be written several times
+as they go: the last line of each (build, config_hash, lifetime) is the current one.
+
+What it deliberately does not do: compact, deduplicate or rewrite records.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import signal
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from statescope.errors import InputError
+from statescope.errors import EnvironmentBroken, InputError
 
 KEY_FIELDS = ("run_id", "build", "config_hash", "episode", "step")
 STATUSES = ("running", "completed", "failed", "interrupted")
 RECORDS_FILE, MANIFEST_FILE = "records.jsonl", "manifest.json"
 LIFETIMES_FILE = "lifetimes.jsonl"  # one line per engine lifetime of an arm (its counters)
+LOCK_FILE = ".run.lock"  # flock'd by the one process running the run
+
+
+class StoreWriteFailed(EnvironmentBroken):
+    """The OS refused a write to a run folder (disk full, permission): the message names the path
+    and what was kept."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process was (``terminate_as_interrupt``) so that cleanup runs and
+    the manifest says ``interrupted``."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """While inside: SIGTERM raises ``Terminated`` (a ``KeyboardInterrupt``) instead of ending the
+    process at once; the previous handler comes back after. Main thread only (else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(f"signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _now() -> str:
@@ -57,6 +102,10 @@ def _key(rec: dict) -> tuple:
     return tuple(rec[k] for k in KEY_FIELDS)
 
 
+def _plain_key_value(v: Any) -> bool:
+    return isinstance(v, (str, int)) and not isinstance(v, bool)
+
+
 def _scan(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
     """Parse a records file; returns (records, byte offset where a torn last line starts or size)."""
     data = path.read_bytes() if path.exists() else b""
@@ -76,7 +125,10 @@ def _scan(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
             missing = [k for k in keys if k not in rec]
             if missing:
                 raise ValueError(f"missing key field(s) {missing}")
-        except ValueError as exc:
+            odd = [k for k in keys if not _plain_key_value(rec[k])]
+            if odd:
+                raise ValueError(f"key field(s) {odd} not a string or integer")
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             if last:  # a kill mid-write leaves at most the final line torn
                 warnings.warn(f"{path}:{lineno}: ignoring a torn trailing line ({len(raw)} bytes): "
                               f"{exc}", RuntimeWarning, stacklevel=3)
@@ -87,14 +139,29 @@ def _scan(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
     return records, len(data)
 
 
-def _write_json_atomic(path: Path, obj: dict) -> None:
+def _write_json_atomic(path: Path, obj: dict, *, in_place_if_full: bool = False) -> None:
+    """Write ``obj`` to ``path`` through a temp file and a rename; the temp file never stays
+    behind. ``in_place_if_full``: on a full disk, rewrite ``path`` itself (its own blocks are
+    freed first, so a status update fits where no second copy does)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=_json_default).encode("utf-8")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True, default=_json_default)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if not (in_place_if_full and exc.errno in (errno.ENOSPC, errno.EDQUOT) and path.exists()):
+            raise
+        with open(path, "r+b") as fh:
+            fh.truncate(0)
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _fsync_dir(path: Path) -> None:
@@ -124,15 +191,93 @@ class ResultsStore:
             raise InputError(f"results store {self.run_dir}: permission denied") from None
         self._fh = None
         self._keys: set[tuple] | None = None
+        self._started = False
+        self._refused = False  # start() refused the folder: its manifest is not ours to end
+        self._lock_fh = None
+        self.fingerprint: str | None = None  # what the run is (``start``); records carry it
+
+    # -- one process per run ------------------------------------------------------------------
+    def lock(self) -> None:
+        """Hold an exclusive lock on the run folder until ``finish``; another process
+        holding it is an ``InputError`` naming it (call before starting anything expensive)."""
+        if self._lock_fh is not None:
+            return
+        path = self.run_dir / LOCK_FILE
+        try:
+            fh = open(path, "a+")
+        except OSError as exc:
+            raise StoreWriteFailed(f"{path}: cannot create the run's lock file ({exc.strerror})") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise InputError(f"run {self.run_dir}: already being run by {holder}; expected one "
+                             "process per run id (wait for it to end, or use another --run-id)") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} since {_now()}")
+        fh.flush()
+        self._lock_fh = fh
+
+    def _unlock(self) -> None:
+        if self._lock_fh is not None:
+            self._lock_fh.close()  # closing the descriptor releases the flock
+            self._lock_fh = None
+
+    # -- belongs to this run --------------------------------------------------------------------
+    def check_belongs(self, fingerprint: str | None = None) -> None:
+        """Refuse (``InputError``, one line) a folder whose manifest, records or lifetimes are of
+        another run id, or of another run fingerprint when ``fingerprint`` is given."""
+        def refuse(where: str, what: str) -> None:
+            raise InputError(f"{where}: {what}; expected this run's own files (a run folder "
+                             "copied from elsewhere is not resumed: use a new --run-id)")
+
+        old = load_manifest(self.run_dir) if self.manifest_path.exists() else {}
+        if old.get("run_id") not in (None, self.run_id):
+            refuse(str(self.manifest_path), f"belongs to run {old.get('run_id')!r}, not {self.run_id!r}")
+        if fingerprint and old.get("fingerprint") not in (None, fingerprint):
+            refuse(str(self.manifest_path), f"run fingerprint {old.get('fingerprint')} (another "
+                                            f"trace, configuration or build), not {fingerprint}")
+        for path, keys in ((self.records_path, KEY_FIELDS), (self.run_dir / LIFETIMES_FILE,
+                                                              ("build", "config_hash"))):
+            if not path.exists():
+                continue
+            for lineno, rec in enumerate(_scan(path, keys)[0], 1):
+                if rec.get("run_id") != self.run_id:
+                    refuse(f"{path}:{lineno}", f"a record of run {rec.get('run_id')!r}, not "
+                                               f"{self.run_id!r}")
+                if fingerprint and rec.get("run_fingerprint") not in (None, fingerprint):
+                    refuse(f"{path}:{lineno}", f"a record of run fingerprint "
+                                               f"{rec.get('run_fingerprint')}, not {fingerprint}")
+
+    def kept(self) -> str:
+        """What the folder holds now, for an error line: its complete records."""
+        n = len(self._keys) if self._keys is not None else len(_scan(self.records_path)[0]) \
+            if self.records_path.exists() else 0
+        return f"kept {n} complete record(s) in {self.records_path}"
+
+    def _write_failed(self, path: Path, what: str, exc: OSError) -> StoreWriteFailed:
+        return StoreWriteFailed(f"{path}: cannot write {what} ({exc.strerror or exc}); "
+                                f"{self.kept()}; resume with run id {self.run_id!r} once the "
+                                "cause is fixed")
 
     # -- manifest -----------------------------------------------------------------------------
     def start(self, resolved_config: dict | None = None, *, vllm_version: str | None = None,
               torch_version: str | None = None, device: str | None = None,
-              seeds: Any = None, extra: dict | None = None) -> dict:
-        """Write the manifest with status 'running'; on resume keeps 'created' and merges 'extra'."""
+              seeds: Any = None, extra: dict | None = None, fingerprint: str | None = None) -> dict:
+        """Write the manifest with status 'running'; on resume keeps 'created' and merges 'extra'.
+        Everything already in the folder is checked first (``check_belongs``): a refused or
+        corrupt folder is left exactly as it was."""
         import statescope
         from statescope.lockfile import environment_record
 
+        try:
+            self.check_belongs(fingerprint)
+        except InputError:
+            self._refused = True
+            raise
         old = load_manifest(self.run_dir) if self.manifest_path.exists() else {}
         manifest = {
             "run_id": self.run_id, "created": old.get("created", _now()), "status": "running",
@@ -144,18 +289,38 @@ class ResultsStore:
         }
         if old:
             manifest["extra"]["resumed_from_status"] = old.get("status")
-        _write_json_atomic(self.manifest_path, manifest)
+        if fingerprint:
+            manifest["fingerprint"] = fingerprint
+        self.fingerprint = fingerprint
+        try:
+            _write_json_atomic(self.manifest_path, manifest)
+        except OSError as exc:
+            raise self._write_failed(self.manifest_path, "the manifest", exc) from None
+        self._started = True
         return manifest
 
     def finish(self, status: str = "completed") -> dict:
-        """Record the final status and end time in the manifest."""
+        """Record the final status and end time in the manifest. A folder ``start`` refused is
+        left alone, and a store that did not start this run never turns a ``completed`` manifest
+        into another status (it is an earlier run's result)."""
         if status not in STATUSES[1:]:
             raise InputError(f"ResultsStore.finish status: expected one of {STATUSES[1:]}, got {status!r}")
-        manifest = load_manifest(self.run_dir) if self.manifest_path.exists() else {"run_id": self.run_id}
-        manifest.update(status=status, ended=_now())
-        _write_json_atomic(self.manifest_path, manifest)
-        self.close()
-        return manifest
+        try:
+            if self._refused:
+                return {}
+            manifest = load_manifest(self.run_dir) if self.manifest_path.exists() else {"run_id": self.run_id}
+            if not self._started and manifest.get("status") == "completed" and status != "completed":
+                return manifest
+            manifest.update(status=status, ended=_now())
+            try:
+                _write_json_atomic(self.manifest_path, manifest, in_place_if_full=True)
+            except OSError as exc:
+                raise self._write_failed(self.manifest_path, f"the final status {status!r}", exc) from None
+            self._started = False
+            return manifest
+        finally:
+            self.close()
+            self._unlock()
 
     # -- records ------------------------------------------------------------------------------
     def completed_keys(self) -> set[tuple]:
@@ -204,11 +369,21 @@ class ResultsStore:
             line = json.dumps(record, default=_json_default, ensure_ascii=False)
         except TypeError as exc:
             raise InputError(f"ResultsStore.append record: expected JSON-serialisable values ({exc})") from None
-        self._fh.write(line.encode("utf-8") + b"\n")  # one write call per record
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        try:
+            self._fh.write(line.encode("utf-8") + b"\n")  # one write call per record
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as exc:
+            # a part of the line may be on disk: the next open cuts it off as a torn last line
+            self._drop_handle()
+            raise self._write_failed(self.records_path, f"record {key}", exc) from None
         self._keys.add(key)
         return key
+
+    def _drop_handle(self) -> None:
+        with contextlib.suppress(OSError):  # its buffer cannot be flushed either: drop it
+            self._fh.close()
+        self._fh = None
 
     def append_lifetime(self, entry: dict) -> None:
         """Append one engine lifetime of an arm (``build``, ``config_hash``, its counters, the
@@ -219,14 +394,21 @@ class ResultsStore:
                 raise InputError(f"ResultsStore.append_lifetime: field {k!r} must be a string")
         line = json.dumps({"run_id": self.run_id, "recorded": _now(), **entry},
                           default=_json_default, ensure_ascii=False)
-        with open(self.run_dir / LIFETIMES_FILE, "ab") as fh:
-            fh.write(line.encode("utf-8") + b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        path = self.run_dir / LIFETIMES_FILE
+        try:
+            with open(path, "ab") as fh:
+                fh.write(line.encode("utf-8") + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise self._write_failed(path, "an engine lifetime", exc) from None
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:  # buffered bytes that cannot be written: nothing more to keep
+                self._fh = None
             self._fh = None
 
     def __enter__(self) -> "ResultsStore":
@@ -256,8 +438,13 @@ def load_lifetimes(run_dir: Path | str, build: str | None = None,
     if not path.exists():
         return []
     rows, _ = _scan(path, ("build", "config_hash"))
-    return [r for r in rows if (build is None or r.get("build") == build)
-            and (config_hash is None or r.get("config_hash") == config_hash)]
+    current: dict[Any, dict] = {}  # a lifetime written as it goes: its last line is current
+    for i, r in enumerate(rows):
+        if (build is None or r.get("build") == build) and \
+                (config_hash is None or r.get("config_hash") == config_hash):
+            life = r.get("lifetime")
+            current[(r["build"], r["config_hash"], life) if _plain_key_value(life) else i] = r
+    return list(current.values())
 
 
 def load_manifest(run_dir: Path | str) -> dict:
@@ -266,7 +453,7 @@ def load_manifest(run_dir: Path | str) -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: manifest not found; expected a run directory written by ResultsStore") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, UTF-8 or a huge integer
         raise InputError(f"{path}: expected a JSON object, got unreadable JSON ({exc})") from None
     if not isinstance(manifest, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(manifest).__name__}")

@@ -3,10 +3,14 @@
 What it does: a ``BuildSpec`` of kind ``env`` names a folder holding an ``env.sh`` (the GPU transfer
 kit's ``/tmp/vllm-X.Y.Z``: ``scripts/gpu_kit.sh``) and/or a ``bin/python`` (a virtual
 environment); kind ``python`` names an interpreter. ``cell_environment`` is the environment a cell
-runs with: ``env.sh`` is sourced in a bash subshell started with the caller's environment minus
-``PYTHONPATH``/``VIRTUAL_ENV`` (so the driver's own release cannot leak in), the variables it sets
-or changes are kept, and this checkout's ``lib`` goes first on ``PYTHONPATH`` (as for installed
-builds). ``interpreter`` is ``bin/python`` when the folder has one, else ``python3`` on the PATH
+runs with: ``env.sh`` is sourced in a bash subshell started with a *minimal* environment
+(``SOURCE_ENV_NAMES`` and ``SOURCE_ENV_PREFIXES``, never a credential-like name: the caller's
+tokens do not reach a script that came with a folder), stdin closed and a time limit of
+``ENV_SH_TIMEOUT_S`` (its whole process group is killed after; one ``InputError`` line says so);
+the variables it sets or changes are added to the caller's environment minus
+``PYTHONPATH``/``VIRTUAL_ENV`` (so the driver's own release cannot leak in), and this checkout's
+``lib`` goes first on ``PYTHONPATH`` (as for installed builds). A path with a leading or trailing
+space is refused (it would name another folder than the one the user sees). ``interpreter`` is ``bin/python`` when the folder has one, else ``python3`` on the PATH
 ``env.sh`` leaves. ``vllm_version`` asks the interpreter where ``vllm`` is and reads its
 ``_version.py`` (no vLLM import: fast enough for labels). ``check_existing`` is what
 ``ensure_build`` does for these kinds: one ``import statescope, vllm, torch`` in the cell's
@@ -22,7 +26,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -31,6 +37,12 @@ from statescope.errors import InputError
 
 EXISTING_KINDS = ("env", "python")
 _BASH_NOISE = {"_", "SHLVL", "PWD", "OLDPWD"}
+ENV_SH_TIMEOUT_S = 60.0
+# what env.sh sees of the caller's environment: enough to find tools, drivers and caches
+SOURCE_ENV_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TERM", "TMPDIR", "TZ",
+                    "LD_LIBRARY_PATH", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+SOURCE_ENV_PREFIXES = ("LC_", "VLLM_", "CUDA_", "NVIDIA_", "OMP_", "MKL_", "STATESCOPE_")
+_CREDENTIAL_NAME = re.compile(r"TOKEN|SECRET|PASS|KEY|AUTH|CREDENTIAL|PROXY|COOKIE|SESSION", re.I)
 _VERSION_PROBE = r"""
 import importlib.util, json, os, re, sys
 s = importlib.util.find_spec("vllm")
@@ -57,6 +69,10 @@ def resolve_path(kind: str, text: str, spec_text: str) -> str:
     path = Path(text).expanduser()
     if not text:
         raise InputError(f"build spec {spec_text!r}: expected {kind}:PATH")
+    if text != text.strip():
+        raise InputError(f"build spec {spec_text!r}: the path {text!r} begins or ends with a "
+                         f"space, which would name another folder than {text.strip()!r}; "
+                         "expected the path without it")
     path = path.absolute()
     if kind == "env":
         if not path.is_dir():
@@ -74,15 +90,30 @@ def _base_env() -> dict:
     return _clean_env()
 
 
+def source_environment() -> dict:
+    """The minimal environment ``env.sh`` is sourced in (see the module docstring)."""
+    return {k: v for k, v in _base_env().items()
+            if (k in SOURCE_ENV_NAMES or k.startswith(SOURCE_ENV_PREFIXES))
+            and not _CREDENTIAL_NAME.search(k)}
+
+
 @functools.lru_cache(maxsize=32)
 def _sourced(env_sh: str) -> tuple[tuple[str, str], ...]:
-    """Variables ``env.sh`` sets or changes, sourced in bash from the clean environment."""
-    base = _base_env()
-    proc = subprocess.run(["bash", "-c", '. "$1" >/dev/null 2>&1 || exit 97; env -0', "_", env_sh],
-                          capture_output=True, env=base, timeout=60)
+    """Variables ``env.sh`` sets or changes, sourced in bash from the minimal environment."""
+    base = source_environment()
+    proc = subprocess.Popen(["bash", "-c", '. "$1" >/dev/null 2>&1 || exit 97; env -0', "_", env_sh],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=base, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=ENV_SH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own group: a command it started goes too
+        proc.communicate()
+        raise InputError(f"{env_sh}: sourcing it did not finish within {ENV_SH_TIMEOUT_S:g} s; "
+                         "expected a script that only sets variables (no prompt, no server)") from None
     if proc.returncode != 0:
         raise InputError(f"{env_sh}: sourcing it failed (exit {proc.returncode})")
-    after = dict(item.split("=", 1) for item in proc.stdout.decode(errors="replace").split("\0")
+    after = dict(item.split("=", 1) for item in out.decode(errors="replace").split("\0")
                  if "=" in item)
     return tuple(sorted((k, v) for k, v in after.items()
                         if k not in _BASH_NOISE and base.get(k) != v))

@@ -217,7 +217,8 @@ def ensure_build(spec: BuildSpec | str, *, force: bool = False, installer: str =
 def list_builds() -> list[dict]:
     """One row per environment under ``builds_dir()``."""
     rows = []
-    for meta in sorted(builds_dir().glob("*/build.json")):
+    # installed builds, and the existing environments ``build add env:…|python:…`` checked
+    for meta in sorted(builds_dir().glob("*/build.json")) + sorted(builds_dir().glob("_existing/*/build.json")):
         i = json.loads(meta.read_text())
         rows.append({"spec": i.get("spec"), "key": i.get("key"), "status": i.get("status"),
                      "vllm": i.get("versions", {}).get("vllm"), "torch": i.get("versions", {}).get("torch"),

@@ -85,12 +85,19 @@ def read_spool(run_dir: str | os.PathLike, start: int = 0) -> Iterator[tuple[int
     if not path.is_file():
         return
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         f.seek(start)
         while True:
             head = f.read(_HEADER.size)
             if len(head) < _HEADER.size:
                 return
             (n,) = _HEADER.unpack(head)
+            if n > spool_format.MAX_RECORD_BYTES:  # checked before reading: no allocation of n
+                raise InputError(f"{path}: step record at byte {f.tell() - _HEADER.size} claims "
+                                 f"{n} bytes (at most {spool_format.MAX_RECORD_BYTES}); not a "
+                                 "statescope spool record")
+            if n > size - f.tell():  # a torn last record (the writer died mid-write)
+                return
             data = f.read(n)
             if len(data) < n:
                 return

@@ -14,14 +14,29 @@ takes device data from the step's packed host copy, and spooling must never read
 An object encoded twice (a launch listed in the step and in its packed copy) is written once and
 referenced after, so identity survives the round trip as it does in memory.
 
+Bounds (a record may come from a hostile sender): nothing is allocated from a number in the file
+before it is checked. Every length is checked against the bytes left in the record before the
+bytes are taken; every count (list items, dict entries, table rows, record fields) against the
+bytes left too (each item costs at least one byte) and against one budget per record of
+``SLOTS_PER_BYTE * len(record) + BUDGET_SLACK`` container slots, charged as containers are made
+(an item 1, a table row or record ``ROW_SLOTS``): items that cost the writer no bytes (a list of
+``None``, the rows of a table without columns) are bounded by it, so decoding a record of N bytes
+holds at most about 100·N bytes of Python objects; shapes have at most ``MAX_NDIM`` dimensions, each at most ``MAX_DIM``, and
+their product is computed with Python integers and compared with the bytes present before any
+reshape; big integers are ASCII decimal digits, at most ``MAX_BIG_DIGITS``. A record longer than
+``MAX_RECORD_BYTES`` is refused by the reader (``statescope.capture.spool.read_spool``) before it
+is read.
+
 What it deliberately does not do: version records across statescope releases (the spool lives
 only until its steps are emitted), compress, or accept a type it does not list — ``encode``
 raises ``TypeError`` for one, ``decode`` raises ``SpoolFormatError`` for a tag it does not know,
-a length past the record's end, or nesting deeper than ``MAX_DEPTH``.
+a length or count past the record's end or its budget, or nesting deeper than ``MAX_DEPTH``.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import struct
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +45,12 @@ import numpy as np
 import torch
 
 MAX_DEPTH = 64
+MAX_RECORD_BYTES = 1 << 32  # one step's record (its packed host copy included): 4 GiB
+MAX_NDIM, MAX_DIM = 32, 1 << 40  # numpy allows 64 dimensions; no real step tensor has 2**40 rows
+MAX_BIG_DIGITS = 4300  # Python's own int-from-string limit
+SLOTS_PER_BYTE, BUDGET_SLACK = 8, 4096  # container slots per record byte, and for tiny records
+ROW_SLOTS = 8  # a table row or record is an object with a dict: it costs several slots
+_DIGITS = re.compile(r"-?[0-9]+")
 _I64, _F64, _U32, _U64 = struct.Struct("<q"), struct.Struct("<d"), struct.Struct("<I"), struct.Struct("<Q")
 # torch dtypes by name: the file names one, this table decides what it is (never getattr(torch, name)).
 TORCH_DTYPES = {str(d).replace("torch.", ""): d for d in (
@@ -219,6 +240,25 @@ class _Decoder:
     def __init__(self, data: bytes | memoryview) -> None:
         self.data, self.pos = memoryview(data), 0
         self.records: list[SpooledRecord] = []
+        self.budget = SLOTS_PER_BYTE * len(self.data) + BUDGET_SLACK  # slots it may still build
+
+    def count(self, per_item: int = 1, what: str = "items") -> int:
+        """A u32 count of things that each take at least ``per_item`` bytes of what is left
+        (0: items that cost no bytes, bounded by the budget alone), charged to the budget."""
+        at = self.pos
+        n = self.u32()
+        left = len(self.data) - self.pos
+        if per_item and n * per_item > left:
+            raise SpoolFormatError(f"a count of {n} {what} at byte {at} needs at least "
+                                   f"{n * per_item} bytes, {left} are left in the record")
+        self.charge(n, at, what)
+        return n
+
+    def charge(self, n: int, at: int, what: str) -> None:
+        if n > self.budget:
+            raise SpoolFormatError(f"{n} {what} at byte {at} exceed what a record of "
+                                   f"{len(self.data)} bytes can hold")
+        self.budget -= n
 
     def take(self, n: int) -> memoryview:
         end = self.pos + n
@@ -241,7 +281,25 @@ class _Decoder:
             raise SpoolFormatError(f"a string at byte {self.pos} is not UTF-8 ({exc.reason})") from None
 
     def shape(self) -> tuple:
-        return tuple(self.u64() for _ in range(self.take(1)[0]))
+        at = self.pos
+        ndim = self.take(1)[0]
+        if ndim > MAX_NDIM:
+            raise SpoolFormatError(f"a shape of {ndim} dimensions at byte {at} (at most {MAX_NDIM})")
+        dims = tuple(self.u64() for _ in range(ndim))
+        if any(d > MAX_DIM for d in dims):
+            raise SpoolFormatError(f"a shape {dims} at byte {at} has a dimension above {MAX_DIM}")
+        return dims
+
+    def raw_for(self, shape: tuple, itemsize: int, what: str) -> memoryview:
+        """The buffer of an array of ``shape``: its byte count must be the shape's product (Python
+        integers: no overflow) times ``itemsize``, checked before anything is allocated."""
+        at = self.pos
+        n = self.u64()
+        want = math.prod(shape) * itemsize
+        if n != want:
+            raise SpoolFormatError(f"{what} of shape {shape} at byte {at} needs {want} bytes, "
+                                   f"the record says {n}")
+        return self.take(n)
 
     def value(self, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
@@ -254,9 +312,11 @@ class _Decoder:
         if tag == b"i":
             return _I64.unpack(self.take(8))[0]
         if tag == b"I":
+            at = self.pos
             digits = self.text()
-            if not digits.lstrip("-").isdigit() or len(digits) > 4300:
-                raise SpoolFormatError(f"a big integer at byte {self.pos} is not decimal digits")
+            if len(digits) > MAX_BIG_DIGITS or not _DIGITS.fullmatch(digits):
+                raise SpoolFormatError(f"a big integer at byte {at} is not at most {MAX_BIG_DIGITS} "
+                                       "ASCII decimal digits")
             return int(digits)
         if tag == b"f":
             return _F64.unpack(self.take(8))[0]
@@ -265,31 +325,31 @@ class _Decoder:
         if tag == b"b":
             return bytes(self.take(self.u32()))
         if tag in (b"l", b"t"):
-            items = [self.value(depth + 1) for _ in range(self.u32())]
+            items = [self.value(depth + 1) for _ in range(self.count(1, "list items"))]
             return items if tag == b"l" else tuple(items)
         if tag in (b"J", b"j"):
-            n = self.u32()
+            n = self.count(8, "integers")
             items = np.frombuffer(self.take(8 * n), dtype="<i8").tolist()
             return items if tag == b"J" else tuple(items)
         if tag in (b"B", b"V"):
-            items = [b != 0 for b in bytes(self.take(self.u32()))]
+            n = self.count(1, "booleans")
+            items = [b != 0 for b in bytes(self.take(n))]
             return items if tag == b"B" else tuple(items)
         if tag in (b"n", b"m"):
-            n = self.u32()
-            if n > len(self.data):  # each None costs the writer nothing: bound it by the record
-                raise SpoolFormatError(f"a list of {n} None at byte {self.pos} is longer than the record")
+            n = self.count(0, "None values")  # each None costs the writer nothing: the budget bounds it
             return [None] * n if tag == b"n" else (None,) * n
         if tag in (b"S", b"Z"):
-            n = self.u32()
+            at = self.pos
+            n = self.count(0, "strings")
             items = self.text().split("\0")
             if len(items) != n:
-                raise SpoolFormatError(f"a list of {n} strings at byte {self.pos} holds {len(items)}")
+                raise SpoolFormatError(f"a list of {n} strings at byte {at} holds {len(items)}")
             return items if tag == b"S" else tuple(items)
         if tag in (b"K", b"k", b"Q", b"q"):
             return self.table(tag, depth)
         if tag == b"d":
             out = {}
-            for _ in range(self.u32()):
+            for _ in range(self.count(2, "dict entries")):
                 k = self.value(depth + 1)
                 try:
                     out[k] = self.value(depth + 1)
@@ -314,7 +374,15 @@ class _Decoder:
     def table(self, tag: bytes, depth: int) -> list | tuple:
         """A list of dicts with the same keys (K) or of records with the same fields (Q), stored
         column by column."""
+        at = self.pos
         n, width = self.u32(), self.u32()
+        left = len(self.data) - self.pos
+        if width * 2 > left:  # each column is at least a name tag and a list tag
+            raise SpoolFormatError(f"a table of {width} columns at byte {at} needs more than the "
+                                   f"{left} bytes left in the record")
+        # rows cost no bytes of their own (a column of None is 5 bytes for any n): the budget
+        # bounds them before any row is made (each column charges its own cells)
+        self.charge(n * ROW_SLOTS, at, f"slots for a table of {n} rows")
         records = [SpooledRecord() for _ in range(n)] if tag in (b"Q", b"q") else None
         if records is not None:
             self.records += records  # numbered before their fields, as the encoder numbered them
@@ -351,12 +419,11 @@ class _Decoder:
         if dtype is None or dtype.kind not in NUMPY_KINDS:
             raise SpoolFormatError(f"numpy dtype {spec!r} at byte {self.pos} is not a plain number type")
         shape = self.shape()
-        raw = self.take(self.u64())
-        count = int(np.prod(shape)) if shape else 1
-        if count * dtype.itemsize != len(raw):
-            raise SpoolFormatError(f"an array of shape {shape} {dtype} at byte {self.pos} has "
-                                   f"{len(raw)} bytes")
-        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        raw = self.raw_for(shape, dtype.itemsize, f"an array of {dtype}")
+        try:
+            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        except ValueError as exc:  # e.g. an empty array whose strides would overflow
+            raise SpoolFormatError(f"an array of shape {shape} at byte {self.pos}: {exc}") from None
 
     def dtype(self, name: str) -> torch.dtype:
         if name not in TORCH_DTYPES:
@@ -367,21 +434,21 @@ class _Decoder:
     def tensor(self) -> torch.Tensor:
         dtype = self.dtype(self.text())
         shape = self.shape()
-        raw = self.take(self.u64())
         carrier = torch.int16 if dtype == torch.bfloat16 else dtype
         size = torch.empty((), dtype=carrier).element_size()
-        count = int(np.prod(shape)) if shape else 1
-        if count * size != len(raw):
-            raise SpoolFormatError(f"a tensor of shape {shape} {dtype} at byte {self.pos} has "
-                                   f"{len(raw)} bytes")
-        t = torch.frombuffer(bytearray(raw), dtype=carrier) if len(raw) else torch.empty(0, dtype=carrier)
-        t = t.reshape(shape)
+        raw = self.raw_for(shape, size, f"a tensor of {dtype}")
+        try:
+            t = torch.frombuffer(bytearray(raw), dtype=carrier) if len(raw) else torch.empty(0, dtype=carrier)
+            t = t.reshape(shape)
+        except (ValueError, RuntimeError) as exc:  # e.g. an empty tensor of impossible strides
+            raise SpoolFormatError(f"a tensor of shape {shape} at byte {self.pos}: {exc}") from None
         return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
     def record(self, depth: int) -> SpooledRecord:
         rec = SpooledRecord()
+        self.charge(ROW_SLOTS, self.pos, "slots for a record")
         self.records.append(rec)  # before its fields: a field may refer back to it
-        for _ in range(self.u32()):
+        for _ in range(self.count(5, "record fields")):
             name = self.text()
             if not name.isidentifier() or name.startswith("__"):
                 raise SpoolFormatError(f"field name {name!r} at byte {self.pos} is not a plain "

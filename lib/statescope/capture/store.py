@@ -226,15 +226,19 @@ class CaptureWriter:
 
     def _write_manifest(self) -> None:
         tmp = self.run_dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
-        os.replace(tmp, self.run_dir / MANIFEST)
+        try:
+            tmp.write_text(json.dumps(self.manifest, indent=2, default=str))
+            os.replace(tmp, self.run_dir / MANIFEST)
+        except OSError:  # disk full or denied: no half-written temp manifest stays behind
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def read_manifest(path: Path) -> dict:
     """A run's manifest; ``InputError`` naming the file when it is not a readable JSON object."""
     try:
         manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"capture run manifest {path}: expected a JSON object as a capture run "
                          f"writes it, got an unreadable file ({type(exc).__name__}: {exc})") from None
     if not isinstance(manifest, dict):

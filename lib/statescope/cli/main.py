@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(func=cmd_workbook)
     add_workload_subcommand(sub)
     r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
-    r.add_argument("--preset", default="smoke")
+    r.add_argument("--preset", default=None, help="workload preset (default smoke); not with --trace")
     r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
                                                   "(episode ids prefixed s<seed>-)")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
@@ -205,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         except StatescopeError as exc:
             print(f"statescope {args.command}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a run turned it into this
+            from statescope.records import Terminated
+
+            what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            print(f"statescope {args.command}: {what}; what was stored is kept (resume with the "
+                  "same --run-id)", file=sys.stderr)
+            return 143 if isinstance(exc, Terminated) else 130
 
 
 def _owns_stderr() -> bool:

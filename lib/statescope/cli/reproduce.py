@@ -35,6 +35,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from statescope.workload.importer import read_manifest
     from statescope.workload.trace import read_trace
 
+    if args.trace and args.preset:
+        raise InputError(f"--preset {args.preset} and --trace {args.trace}: expected one workload, "
+                         "a --trace file or a --preset")
+    args.preset = args.preset or "smoke"
     if args.trace and args.geometry:
         raise InputError("--geometry applies to --preset traces; a --trace file places its own "
                          "prompt ends (its steps' 'geometry' field)")

@@ -6,7 +6,9 @@ outcome: key (run_id, build label, cell id, "cell", generation), with the plan, 
 every attempt, and the cell's counts) + ``manifest.json`` (what the run is: kind and definition)
 + ``cells/<cell_id>/`` (each cell's own results store, published only when complete). Only the
 driver writes the ledger, under an exclusive lock (a second driver of the same run is refused).
-``begin`` checks that a resumed run is the same run, ``recover`` appends records for cells that
+``begin`` checks that a resumed run is the same run (its manifest and every ledger record of this
+run id, ``ResultsStore.check_belongs``: a ledger copied from another run is refused, and a corrupt
+one is refused before the manifest is touched), ``recover`` appends records for cells that
 completed but whose record was never written (a driver killed in between): so a resumed driver
 re-runs no complete cell and loses none. ``latest`` gives the current record per cell; a failed
 cell stays failed on resume unless ``retry_failed`` (its new record then has the next generation).
@@ -51,6 +53,7 @@ class CellLedger:
         except BlockingIOError:
             raise InputError(f"run {self.run_dir}: another driver is running it; expected one "
                              "driver per run (wait for it, or use a new --run-id)") from None
+        self.store.check_belongs()
         resuming = self.store.manifest_path.exists()
         if resuming:
             old = load_manifest(self.run_dir).get("extra", {})

@@ -450,9 +450,12 @@ def _name_too_long(exc: BaseException, reqs: Sequence[StepRequest]) -> None:
 def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, store: ResultsStore, *,
               build: str, config_hash: str, max_tokens: int = 32, logprobs: int = 2,
               ignore_eos: bool = False, all_at_once: bool = False,
-              row_fields: dict | None = None, progress: Any = None) -> list[dict]:
+              row_fields: dict | None = None, progress: Any = None,
+              on_stored: Callable[[dict], None] | None = None) -> list[dict]:
     """Drive every episode to its end; returns the rows appended by this call (resume-safe).
-    ``row_fields`` are added to every row this call stores (e.g. its ``engine_lifetime``).
+    ``row_fields`` are added to every row this call stores (e.g. its ``engine_lifetime``);
+    ``on_stored(row)`` is called after each row is stored (e.g. to write the engine's counters
+    as it goes).
 
     Default: each episode sends its next step as soon as its previous answer is stored, with up
     to the runner's concurrency in flight. ``all_at_once=True`` (always so for runners without
@@ -488,6 +491,8 @@ def run_waves(runner: Runner, episodes: Sequence[str], next_step: NextStep, stor
         history[req.episode].append(row)
         new_rows.append(row)
         bar.advance()
+        if on_stored is not None:
+            on_stored(row)
 
     gen_kw = dict(max_tokens=max_tokens, logprobs=logprobs, ignore_eos=ignore_eos)
     if not hasattr(runner, "agenerate"):

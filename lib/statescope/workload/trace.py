@@ -118,6 +118,21 @@ def _fail(path: Path | str, lineno: int, what: str) -> None:
     raise InputError(f"{path}:{lineno}: {what}")
 
 
+def _base64_ok(url: str) -> bool:
+    """A ``data:image/...;base64,PAYLOAD`` URL whose payload is valid base64 (strict alphabet)."""
+    import base64
+    import binascii
+
+    head, sep, payload = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        return False
+    try:
+        base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
 def _check_parts(path, lineno, parts: Any, where: str = "user") -> None:
     if isinstance(parts, str):
         return
@@ -129,6 +144,10 @@ def _check_parts(path, lineno, parts: Any, where: str = "user") -> None:
             continue
         if kind == "image_url" and isinstance(part.get("image_url"), dict) \
                 and str(part["image_url"].get("url", "")).startswith(("data:image/", "http", "file:")):
+            url = str(part["image_url"]["url"])
+            if url.startswith("data:image/") and not _base64_ok(url):
+                _fail(path, lineno, f"field '{where}[{i}]': the image's data URL is not "
+                                    "'data:image/TYPE;base64,' followed by valid base64")
             continue
         _fail(path, lineno, f"field '{where}[{i}]': expected {{'type': 'text', 'text': str}} or "
                             "{'type': 'image_url', 'image_url': {'url': 'data:image/...'}}")
@@ -224,6 +243,8 @@ def read_trace(path: str | Path) -> list[TraceStep]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             _fail(path, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})")
+        except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting too deep
+            _fail(path, lineno, f"not valid JSON ({type(exc).__name__}: {str(exc)[:120]})")
         step = parse_line(obj, path, lineno)
         want = next_step.get(step.episode, 0)
         if step.step != want:
