@@ -82,9 +82,11 @@ def test_cli_reproduce_json(tmp_path):
                            "--control", "reference", "--fault", "nan_conv", "--unit", "request",
                            "--runs", str(tmp_path), "--run-id", "cli", "--json"],
                           capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # exit status = the verdict (issue 28)
     out = json.loads(proc.stdout)
     assert out["outcome"] == CORRUPTION_DETECTED and out["labels"]["trigger"]
+    assert out["decision_rule"].startswith("decision rule:") and out["sequential"]["agrees"]
+    assert out["design"]["can_answer"] and out["design"]["n_trigger"] == 16
     assert (tmp_path / "cli" / "records.jsonl").is_file()
 
 
