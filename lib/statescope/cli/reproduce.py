@@ -67,6 +67,9 @@ def _sizing(preset: str, unit: str, alpha: float, epl: int | None) -> int | None
     from statescope.verdict.design import best_p
     from statescope.workload.episodes import PRESETS
 
+    if preset not in PRESETS or unit not in ("request", "episode", "engine_lifetime") \
+            or not isinstance(alpha, float) or not 0 < alpha < 1:
+        return None  # reproduce() names the bad preset, unit or alpha
     episodes, steps = PRESETS[preset][0], PRESETS[preset][1]
     for k in range(1, 65):
         n = {"request": k * episodes * steps, "episode": k * episodes,
