@@ -286,3 +286,37 @@ def test_concurrency_on_the_offline_runner_is_the_batch(tmp_path):
     assert proc.returncode == 2 and "concurrency=0" in proc.stderr
     assert not list(tmp_path.iterdir())
     assert math.isfinite(best_p(1, 1))
+
+
+def test_a_report_gives_each_seed_set_and_the_pooled_verdict_and_says_the_disagreement():
+    """Labels as reproduce's label_rows makes them (episodes s<seed>-...), judged per seed set
+    and pooled; the SPRT's accept_h1 beside a Fisher 'no evidence' is said, not hidden."""
+    from pathlib import Path
+
+    from statescope.verdict.reproduce import Arm, ArmRun, ReproduceResult, summarize_arm
+    from statescope.verdict.rule import seed_set_verdicts
+    from statescope.verdict.stats import decide
+
+    def labels(failed, seeds):
+        return [{"episode": f"s{s}-ep{e:04d}", "step": 0, "text": "x", "degenerate": False,
+                 "reasons": [], "flip": None, "failed": (s, e) in failed, "lifetime": 0,
+                 "num_cached_tokens": 0} for s in seeds for e in range(4)]
+
+    t_lab = labels({(48, 1), (52, 2), (53, 0), (56, 3)}, range(48, 60))
+    c_lab = labels(set(), range(48, 60))
+    m = {"prefix_cache_queries": 10, "prefix_cache_hits": 5, "spec_draft_tokens": 10,
+         "spec_accepted_tokens": 5}
+    t = ArmRun(Arm("trigger", EngineConfig(), expect_prefix_cache=True, expect_spec=True), [], m,
+               {"x": 1})
+    c = ArmRun(Arm("no_async", EngineConfig()), [], m, {"x": 2})
+    v = decide(summarize_arm(t, t_lab, "episode"), summarize_arm(c, c_lab, "episode"))
+    res = ReproduceResult(v, t, c, t_lab, c_lab, Path("run"), power_of(48, 48, 0.01, "episode"))
+    res.seed_sets = seed_set_verdicts(res, split_seed_sets(list(range(48, 60)), 3))
+    d = res.to_dict()
+    assert d["pooled"] and d["outcome"] == NO_EVIDENCE
+    assert d["fisher_p"] == pytest.approx(fisher_exact_one_sided(4, 48, 0, 48))
+    assert [s["seeds"] for s in d["seed_sets"]] == ["48:52", "52:56", "56:60"]
+    assert [s["trigger"] for s in d["seed_sets"]] == [[1, 16], [2, 16], [1, 16]]
+    assert d["sequential"]["decision"] == "accept_h1" and d["sequential"]["agrees"] is False
+    assert "DISAGREEMENT" in d["sequential"]["note"] and d["decision_rule"].startswith("decision rule")
+    assert "Each seed set" in res._repr_html_() and "DISAGREEMENT" in res._repr_html_()
