@@ -157,10 +157,13 @@ def test_committed_round4_still_compares_with_round3():
 
 @pytest.mark.engine
 def test_control_run_of_another_trace_is_refused_before_the_trigger_runs(tmp_path):
+    # --unit request: the smoke preset's 16 requests can answer at alpha 0.01 as they are (an
+    # episode design of 4 would be sized or refused first, issue 28)
     first = _cli("reproduce", "--preset", "smoke", "--control", "reference", "--runs",
-                 str(tmp_path), "--run-id", "a", "--json")
+                 str(tmp_path), "--run-id", "a", "--json", "--unit", "request")
     assert first.returncode in (0, 1), first.stderr[-2000:]
-    proc = _cli("reproduce", "--preset", "smoke", "--seeds", "3:4", "--control", "reference",
+    proc = _cli("reproduce", "--preset", "smoke", "--seeds", "3:4", "--unit", "request",
+                "--control", "reference",
                 "--runs", str(tmp_path), "--run-id", "b", "--control-run", str(tmp_path / "a"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
@@ -168,7 +171,8 @@ def test_control_run_of_another_trace_is_refused_before_the_trigger_runs(tmp_pat
     assert "different traces" in line
     assert not list((tmp_path / "b").glob("trigger*")), "the trigger must not have run"
     same = _cli("reproduce", "--preset", "smoke", "--control", "reference", "--runs",
-                str(tmp_path), "--run-id", "c", "--control-run", str(tmp_path / "a"), "--json")
+                str(tmp_path), "--run-id", "c", "--control-run", str(tmp_path / "a"), "--json",
+                "--unit", "request")
     assert same.returncode in (0, 1), same.stderr[-2000:]
     out = json.loads(same.stdout)
     assert out["control"]["n_units"] == json.loads(first.stdout)["control"]["n_units"]

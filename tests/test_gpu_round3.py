@@ -84,7 +84,9 @@ def test_gpu_results_cli_reports_the_recomputed_verdict(capsys, tmp_path):
     assert [r["outcome"] for r in rep["verdicts"] if r["model"] == "tiny-gui"] == \
         [r["outcome"] for r in gpu_round3.verdicts()]
     assert len(rep["departures"]) == len(gpu_round3.departures()) and rep["factors"]
-    assert main(["gpu-results", str(gpu_round3.R3_DIR.parent / "e2e")]) == 0  # round 2: no evidence
+    # round 2: no evidence for three controls, "control broken" for the other three: a problem
+    # found, so exit 1 (issue 28: exit status = the verdict, guards included)
+    assert main(["gpu-results", str(gpu_round3.R3_DIR.parent / "e2e")]) == 1
     assert "no evidence" in capsys.readouterr().out
     assert main(["gpu-results", str(tmp_path)]) == 2
     assert "arms_*.jsonl" in capsys.readouterr().err

@@ -82,10 +82,23 @@ def test_cli_reproduce_json(tmp_path):
                            "--control", "reference", "--fault", "nan_conv", "--unit", "request",
                            "--runs", str(tmp_path), "--run-id", "cli", "--json"],
                           capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # exit status = the verdict (issue 28)
     out = json.loads(proc.stdout)
     assert out["outcome"] == CORRUPTION_DETECTED and out["labels"]["trigger"]
+    assert out["decision_rule"].startswith("decision rule:") and out["sequential"]["agrees"]
+    assert out["design"]["can_answer"] and out["design"]["n_trigger"] == 16
     assert (tmp_path / "cli" / "records.jsonl").is_file()
+
+
+def test_cli_reproduce_clean_exits_0(tmp_path):
+    """No fault: 'no evidence' is exit status 0, with the design, rule and secondary reported."""
+    proc = subprocess.run([sys.executable, "-m", "statescope.cli.main", "reproduce", "--preset", "smoke",
+                           "--control", "reference", "--unit", "request", "--runs", str(tmp_path),
+                           "--run-id", "clean", "--json"], capture_output=True, text=True, timeout=1800)
+    out = json.loads(proc.stdout)
+    assert out["outcome"] == NO_EVIDENCE, out["explanation"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out["sequential"]["role"] == "secondary" and out["design"]["n_trigger"] == 16
 
 
 def test_reproduce_through_vllm_serve(tmp_path, trace, control_run):

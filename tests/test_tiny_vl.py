@@ -208,10 +208,11 @@ def test_cli_reproduce_with_screenshots_reports_on_stdout_and_progress_on_stderr
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "statescope.cli.main", "reproduce", "--model",
                         "tiny-vl", "--vision", "--preset", "smoke", "--runs", str(tmp_path),
+                        "--unit", "request",  # 16 requests answer as they are (no sizing)
                         "--json"], capture_output=True, text=True, env=env, timeout=1800)
-    assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)  # nothing else on stdout
-    assert report["outcome"] in ("no evidence", "corruption detected")
+    assert report["outcome"] in ("no evidence", "corruption detected"), r.stderr[-3000:]
+    assert r.returncode == (0 if report["outcome"] == "no evidence" else 1)  # the verdict
     assert "reproduce: [########################]  32/32 requests  100%" in r.stderr
     assert not [line for line in r.stderr.splitlines() if quiet.is_benign(line)]
     from pathlib import Path

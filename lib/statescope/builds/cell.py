@@ -126,8 +126,9 @@ def run_cell_here(request_path: str) -> int:
     spec = BuildSpec.parse(req["spec"])
     trigger, control = standard_arms(req["control"])
     common = {"model": req["model"]} if req.get("model") else {}
-    trigger.config = cell_config(trigger.config.replace(**common), req["trigger_set"])
-    control.config = cell_config(control.config.replace(**common), req.get("control_set") or {})
+    # the one override rule, applied as reproduce applies --model and --trigger-set/--control-set
+    trigger.config = cell_config(trigger.config, {**common, **req["trigger_set"]})
+    control.config = cell_config(control.config, {**common, **(req.get("control_set") or {})})
     # reproduce() uninstalls every process-wide patch before each arm's engine and installs the
     # arm's own: those must be the trigger arm's patches, or they would be gone by its start
     own = [p for p in spec.patches if p.name in ARM_PATCHES]

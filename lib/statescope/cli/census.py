@@ -22,6 +22,7 @@ from typing import Any
 
 from statescope.builds.census import BuildCensus, census_many
 from statescope.builds.census_sources import sources_dir
+from statescope.cli.exit_codes import exit_epilog
 
 
 def _text(c: BuildCensus) -> str:
@@ -79,7 +80,8 @@ def _cmd_census(args: argparse.Namespace) -> int:
 def add_census_subcommand(build_subparsers: Any) -> None:
     """Register ``statescope build census`` under ``statescope build``."""
     p = build_subparsers.add_parser(
-        "census", help="which fixes of the bug family a build's sources contain (no engine)")
+        "census", epilog=exit_epilog(),
+        help="which fixes of the bug family a build's sources contain (no engine)")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="a build made by `statescope build add` (spec or install key), a .whl "
                         "file, or a directory: a vLLM tree, site-packages or virtualenv")

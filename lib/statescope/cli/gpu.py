@@ -8,8 +8,11 @@ and lists the trigger's departed requests against the async-off control; for rou
 factor check; for round 4 (``e2e_round4``: the trigger with and without the ``accept_sync`` patch)
 the patched-vs-unpatched verdicts against round 3's controls; for round 5's capture-overhead
 probes (``overhead_round5``, ``overhead_round6``) the throughput ratios and the goal check
-(``statescope.results.overhead``). Exit status 1 when a verdict says "corruption detected" (so a script can branch on
-it), 0 otherwise, 2 for a folder that is not a results folder.
+(``statescope.results.overhead``); for a folder of ``statescope reproduce`` runs (``data/results/gpu/cli``)
+each seed set's verdict and the pooled one per trigger-vs-control pair. Exit status
+(``statescope.cli.exit_codes``): 1 when a verdict is not "no evidence" (corruption detected or a
+guard failed; for reproduce runs the pooled verdict decides), 0 otherwise, 2 for a folder that
+is not a results folder.
 
 ``statescope gpu-arm`` runs one of those arms (``statescope.gpu.e2e_run.run_e2e_arm``: trigger or a
 control on a model, with capture, prefix sweep and capture overhead on request) into a results
@@ -26,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from statescope.cli.exit_codes import exit_epilog
 from statescope.errors import InputError
 from statescope.gpu.racecheck import (_positive, preset_shift_classes, racecheck_table,
                                       require_cuda, sweep_shift_classes)
@@ -59,13 +63,15 @@ def gpu_results_report(d: Path) -> dict:
 
 def gpu_results_command(args: Any) -> int:
     from statescope.results import factors as gpu_round3
-    from statescope.verdict.stats import CORRUPTION_DETECTED
+    from statescope.verdict.stats import NO_EVIDENCE
 
     d = Path(args.dir) if args.dir else gpu_round3.R3_DIR
     from statescope.results import overhead as gpu_overhead_rounds
 
     if gpu_overhead_rounds.is_overhead_round(d):  # capture-overhead probes: no verdicts
         return overhead_command(d, args.json)
+    if any(d.glob("repro_*/stdout.json")):  # the CLI's own reproduce runs, one per seed set
+        return cli_runs_command(d, args.json)
     rep = gpu_results_report(d)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
@@ -90,7 +96,31 @@ def gpu_results_command(args: Any) -> int:
             print(f"\nunpatched {pv['unpatched_failed_episodes']}/{pv['unpatched_episodes']} episodes vs "
                   f"accept_sync {pv['patched_failed_episodes']}/{pv['patched_episodes']}: one-sided Fisher "
                   f"p = {pv['fisher_p_one_sided']:.2g}")
-    return 1 if any(r.get("outcome") == CORRUPTION_DETECTED for r in rep["verdicts"]) else 0
+    # corruption, or a guard that failed (control broken, geometry not exercised...), is exit 1;
+    # a cell that was not run says nothing either way
+    return 1 if any(r.get("outcome") not in (NO_EVIDENCE, "not run", None)
+                    for r in rep["verdicts"]) else 0
+
+
+def cli_runs_command(d: Path, as_json: bool) -> int:
+    """``statescope reproduce`` runs of one folder (``data/results/gpu/cli``): each seed set's
+    verdict and the pooled one per trigger-vs-control pair; exit 1 when a pooled verdict (or a
+    set without a pool) is not 'no evidence'."""
+    from statescope.results.cli_runs import pooled_verdicts
+    from statescope.verdict.stats import NO_EVIDENCE
+
+    rows = pooled_verdicts(d)
+    if as_json:
+        print(json.dumps({"dir": str(d), "verdicts": rows}, indent=2, default=str))
+    else:
+        import pandas as pd
+
+        print(f"{d}: statescope reproduce runs, each seed set and pooled per trigger-vs-control "
+              "pair (the pooled row is the verdict)")
+        print(pd.DataFrame(rows).drop(columns=["pooled"]).to_string(index=False))
+    pooled = {(r["control"], r["trigger_patch"]) for r in rows if r["pooled"]}
+    deciding = [r for r in rows if r["pooled"] or (r["control"], r["trigger_patch"]) not in pooled]
+    return 0 if all(r["outcome"] == NO_EVIDENCE for r in deciding) else 1
 
 
 def overhead_command(d: Path, as_json: bool) -> int:
@@ -116,7 +146,10 @@ def overhead_command(d: Path, as_json: bool) -> int:
 
 
 def add_gpu_results_subcommand(subparsers: Any) -> None:
-    p = subparsers.add_parser("gpu-results", help="the committed GPU verdicts, recomputed from their records "
+    p = subparsers.add_parser("gpu-results",
+                              epilog=exit_epilog("a verdict (one seed set's or the pooled one) is "
+                                                 "not 'no evidence'"),
+                              help="the committed GPU verdicts, recomputed from their records "
                                                   "(exit 1 if corruption was detected)")
     p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3; "
                                           "data/results/gpu/e2e_round4 for the accept_sync patch, "
@@ -127,7 +160,9 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
 
 def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``statescope racecheck`` on an argparse subparsers object."""
-    p = subparsers.add_parser("racecheck", help="probe vLLM's Mamba copy kernel for the in-place shift race "
+    p = subparsers.add_parser("racecheck",
+                              epilog=exit_epilog('the unpatched kernel corrupted a copy'),
+                              help="probe vLLM's Mamba copy kernel for the in-place shift race "
                                                 "(needs a CUDA GPU)")
     p.add_argument("--preset", default="tiny", help="tiny | qwen35-27b | sweep")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (splits conv_dim)")
@@ -169,7 +204,9 @@ def gpu_arm_command(args: argparse.Namespace) -> int:
 def add_gpu_arm_subcommand(subparsers: Any) -> None:
     from statescope.verdict.rejudge import CONTROLS
 
-    p = subparsers.add_parser("gpu-arm", help="one end-to-end arm of the GPU verdicts (trigger or a control) "
+    p = subparsers.add_parser("gpu-arm",
+                              epilog=exit_epilog(),
+                              help="one end-to-end arm of the GPU verdicts (trigger or a control) "
                                               "into a results folder; gpu-results re-judges them")
     p.add_argument("--model", required=True, help="model directory or name under data/models")
     p.add_argument("--arm", required=True, choices=("trigger",) + CONTROLS)

@@ -1,8 +1,10 @@
 """The ``statescope`` command line: the scriptable face of the workbook.
 
 What it does: one subcommand per report, each with ``--json`` for machines and a short human form
-otherwise; exit status 0 when the report is good, 1 when it found a problem, 2 for bad input. Each
-subcommand is a thin wrapper over a library call that notebooks use too.
+otherwise; one exit status rule for all (``statescope.cli.exit_codes``, stated in every
+``--help``): 0 clean / no evidence, 1 corruption detected or a problem found, 2 bad input or a
+design that cannot answer. Each subcommand is a thin wrapper over a library call that notebooks
+use too.
 
 What it deliberately does not do: hold logic of its own.
 """
@@ -15,6 +17,7 @@ import sys
 from statescope.cli.reproduce import cmd_reproduce
 from statescope.cli.workload import add_workload_subcommand
 from statescope.errors import InputError, StatescopeError
+from statescope.cli.exit_codes import add_missing_epilogs, exit_epilog
 
 
 def _print(obj, as_json: bool) -> None:
@@ -90,21 +93,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep known-benign library warnings (NUMA binding, kernel transport, ...) "
                         "in the terminal and in rendered notebooks (also after the subcommand)")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("doctor", help="versions, model and a short start of the trigger config")
+    d = sub.add_parser("doctor", epilog=exit_epilog("a check failed (versions, model, engine start)"),
+                       help="versions, model and a short start of the trigger config")
     d.add_argument("--model", default=None, help="model directory or name under data/models")
     d.add_argument("--no-engine", action="store_true", help="skip the engine start")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_doctor)
-    w = sub.add_parser("workbook", help="execute notebooks headless and render HTML to reports/")
+    w = sub.add_parser("workbook",
+                       epilog=exit_epilog('a notebook failed'),
+                       help="execute notebooks headless and render HTML to reports/")
     w.add_argument("notebooks", nargs="*", help="notebook names (default: all in notebooks/)")
     w.add_argument("--out", default="reports")
     w.add_argument("--json", action="store_true")
     w.set_defaults(func=cmd_workbook)
     add_workload_subcommand(sub)
-    r = sub.add_parser("reproduce", help="trigger arm vs control arm on real vLLM, with a verdict")
-    r.add_argument("--preset", default=None, help="workload preset (default smoke); not with --trace")
+    r = sub.add_parser("reproduce",
+                       epilog=exit_epilog(),
+                       help="trigger arm vs control arm on real vLLM, with a verdict")
+    r.add_argument("--preset", default=None,
+                   help="smoke | laptop | repro288 | long (default smoke; without --seeds sized to "
+                        "the fewest seeds whose episodes can reach --alpha: smoke -> --seeds 0:2)")
     r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
-                                                  "(episode ids prefixed s<seed>-)")
+                                                  "(episode ids prefixed s<seed>-); a design "
+                                                  "that cannot reach --alpha is refused (exit 2)")
+    r.add_argument("--seed-sets", type=int, default=None, metavar="N",
+                   help="cut --seeds into N equal consecutive sets: each set's verdict and the "
+                        "pooled one (the exit status is the pooled verdict's)")
     r.add_argument("--trace", help="a trace file (overrides --preset)")
     r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed "
                                                     "| image_across (with --vision)")
@@ -116,12 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-use the --control arm already run into RUN_DIR (same trace: refused "
                         "otherwise) instead of running it again")
     r.add_argument("--trigger-set", action="append", metavar="FIELD=VALUE",
-                   help="override an EngineConfig field of the trigger arm (repeatable)")
-    r.add_argument("--control-set", action="append", metavar="FIELD=VALUE")
+                   help="override an engine setting of the trigger arm (repeatable): an "
+                        "EngineConfig field or vLLM's spelling (enable-prefix-caching=false, "
+                        "speculative_config={...}, no-async-scheduling=true); one rule for every "
+                        "command (EngineConfig.with_overrides)")
+    r.add_argument("--control-set", action="append", metavar="FIELD=VALUE",
+                   help="the same for the control arm")
     r.add_argument("--trigger-patch", action="append", default=[], metavar="NAME",
                    help="statescope runtime patch on the trigger arm (offline runner), e.g. "
                         "accept_sync; the arm is labelled PATCHED (repeatable)")
-    r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
+    r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime "
+                                                      "(the unit of independence counted)")
     r.add_argument("--episodes-per-lifetime", type=int, default=None,
                    help="reset the prefix cache after this many episodes (engine_lifetime unit)")
     r.add_argument("--fault", help="PLANTED test fault on the trigger arm: KIND[:RATE], "
@@ -132,9 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--vision", action="store_true", help="with --preset: 1-3 screenshots per "
                                                         "request (read by a vision model: tiny-vl)")
     r.add_argument("--replay", default=None, help="as_logged | agent_loop (default: the trace's)")
-    r.add_argument("--alpha", type=float, default=0.01)
+    r.add_argument("--alpha", type=float, default=0.01,
+                   help="significance level of the one-sided Fisher test (the decision rule)")
     r.add_argument("--concurrency", type=int, default=None,
-                   help="requests in flight (default: an imported log's own, else 32)")
+                   help="requests in flight: on a server the client's limit (default: an "
+                        "imported log's own, else 32); on the offline runner both arms' "
+                        "max_num_seqs (default: their own, 32)")
     r.add_argument("--runs", default="runs")
     r.add_argument("--run-id")
     r.add_argument("--json", action="store_true")
@@ -166,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gpu_results_subcommand(sub)
     add_gpu_arm_subcommand(sub)
     add_shrink_subcommands(sub)
+    add_missing_epilogs(p)  # a command registered without the rule still states it in --help
     return p
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+from statescope.cli.exit_codes import exit_epilog
 
 
 def model_check_command(args: argparse.Namespace) -> int:
@@ -31,7 +32,9 @@ def model_check_command(args: argparse.Namespace) -> int:
 
 
 def add_model_check_subcommand(subparsers: Any) -> None:
-    p = subparsers.add_parser("model-check", help="measure a trained tiny model through real vLLM "
+    p = subparsers.add_parser("model-check",
+                              epilog=exit_epilog(),
+                              help="measure a trained tiny model through real vLLM "
                                                   "(validity, acceptance, state sensitivity)")
     p.add_argument("--model", default="data/models/tiny-gui")
     p.add_argument("--episodes", type=int, default=10)
@@ -83,7 +86,9 @@ def vision_probe_text(out: dict) -> str:
 
 
 def add_vision_probe_subcommand(subparsers: Any) -> None:
-    p = subparsers.add_parser("vision-probe", help="screenshots through vLLM's multimodal path on "
+    p = subparsers.add_parser("vision-probe",
+                              epilog=exit_epilog(),
+                              help="screenshots through vLLM's multimodal path on "
                                                    "a VLM: read, cached by content, cut by chunks")
     p.add_argument("--model", default="tiny-vl", help="model directory or name under data/models")
     p.add_argument("--out", type=Path, default=None, help="write the whole result (JSON) here")

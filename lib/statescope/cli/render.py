@@ -15,6 +15,7 @@ import json
 import sys
 
 from statescope.errors import InputError
+from statescope.cli.exit_codes import exit_epilog
 
 
 class NotebookLines:
@@ -120,7 +121,9 @@ def _shareable(results: list[dict]) -> list[dict]:
 
 
 def add_render_subcommand(sub: argparse._SubParsersAction) -> None:
-    r = sub.add_parser("render", help="execute notebooks (papermill) and write scrubbed HTML, "
+    r = sub.add_parser("render",
+                       epilog=exit_epilog('a notebook failed'),
+                       help="execute notebooks (papermill) and write scrubbed HTML, "
                                       "Markdown, PNGs and an issue-ready summary.md")
     r.add_argument("notebooks", nargs="*", help="notebook names in notebooks/ or paths")
     r.add_argument("--all", action="store_true", help="every notebook in notebooks/, plus INDEX.md")

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from statescope.errors import InputError
+from statescope.cli.exit_codes import exit_epilog
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -68,7 +69,9 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def add_workload_subcommand(sub: Any) -> None:
-    wl = sub.add_parser("workload", help="write a GUI-agent trace (JSONL) from a preset, or "
+    wl = sub.add_parser("workload",
+                        epilog=exit_epilog(),
+                        help="write a GUI-agent trace (JSONL) from a preset, or "
                                          "import a request log: workload import FILE")
     wl.add_argument("action", nargs="?", choices=("preset", "import"), default="preset",
                     help="'import FILE' turns a request log into a trace (default: a preset)")

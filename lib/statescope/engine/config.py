@@ -4,7 +4,8 @@ What it does: ``EngineConfig`` holds prefix caching, Mamba cache mode and block 
 method and token count, async scheduling, chunked prefill, eager mode, batch limits, seed and KV
 memory, validates them before vLLM sees them and maps them onto vLLM's engine arguments;
 ``model_path`` resolves a model name (``tiny-gui``, ``tiny-qwen35``, ``tiny-vl``) or a path, ``default_model``
-the embedded default (``STATESCOPE_MODEL`` overrides it).
+the embedded default (``STATESCOPE_MODEL`` overrides it). ``EngineConfig.with_overrides`` is the
+one override rule of every command (``statescope.engine.overrides``).
 
 What it deliberately does not do: import vLLM or start anything (``statescope.engine.offline``).
 """
@@ -14,7 +15,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from statescope.errors import InputError
 
@@ -101,6 +102,23 @@ class EngineConfig:
 
     def replace(self, **changes: Any) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, overrides: Mapping[str, Any] | None, *,
+                       where: str = "overrides") -> "EngineConfig":
+        """This configuration with ``overrides`` applied by THE override rule every command uses
+        (``statescope.engine.overrides``: field names or vLLM's flag spellings, values typed or
+        as command-line text, checked against the field types and vLLM's choices; prefix caching
+        off clears ``mamba_cache_mode``; 0 speculative tokens turns speculation off). A model
+        name (``tiny-gui``) resolves to its directory."""
+        from statescope.engine.overrides import resolve_overrides
+
+        changes = resolve_overrides(self, overrides or {}, where)
+        if "model" in changes:
+            changes["model"] = str(model_path(changes["model"]))
+        try:
+            return dataclasses.replace(self, **changes)
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -46,7 +46,9 @@ def e2e_arms(model: str, *, gpu: bool = True, eager: bool = False, max_num_seqs:
                                    "max_num_seqs": max_num_seqs, "extra": gpu_extra() if gpu else {}}
         if name in ("trigger", "no_prefix_cache", "no_mtp"):
             changes["async_scheduling"] = True if gpu else None
-        out[name] = dataclasses.replace(arm, config=arm.config.replace(**changes))
+        # the one override rule of every command (statescope.engine.overrides)
+        out[name] = dataclasses.replace(arm, config=arm.config.with_overrides(
+            changes, where=f"GPU arm {name}"))
     return out
 
 

@@ -8,10 +8,13 @@ the verdict of one reproduce run from its stored records with the reproduce code
 (``load_arm_run``, ``label_rows``, ``summarize_arm``, ``decide``) and returns it beside what the CLI
 printed, so a test can hold the two equal. ``reproduce_table`` lists every reproduce run of a
 folder; ``seed_spread`` gives the trigger's failed episodes per seed set, unpatched and with
-``accept_sync``, and the pooled figures with exact intervals and Fisher's test.
+``accept_sync``, and the pooled figures with exact intervals and Fisher's test;
+``pooled_verdicts`` each seed set's verdict and the pooled one per trigger-vs-control pair
+(``statescope gpu-results data/results/gpu/cli``).
 
-What it deliberately does not do: start anything, or pool runs that answered different traces
-(each seed set is its own trace: pooling adds counts, it never compares across seed sets).
+What it deliberately does not do: start anything, or compare runs that answered different traces
+(each seed set is its own trace: pooling adds each arm's counts over seed sets, it never compares
+one seed set's trigger with another's control).
 """
 from __future__ import annotations
 
@@ -148,3 +151,41 @@ def seed_spread(d: str | Path = CLI_DIR) -> list[dict]:
     if nu and np_:
         pooled["fisher_p_unpatched_over_patched"] = fisher_exact_one_sided(ku, nu, kp, np_)
     return out + [pooled]
+
+
+def pooled_verdicts(d: str | Path = CLI_DIR, alpha: float | None = None) -> list[dict]:
+    """Each seed set's verdict and the pooled verdict, per trigger-vs-control pair of ``d``: the
+    stored reports' arm summaries of one pair (same control, same trigger patches) added over
+    their seed sets and judged once more by ``decide`` (guards included), at each report's alpha
+    unless ``alpha`` is given. Rows: ``{"seeds", "control", "trigger_patch", "outcome",
+    "trigger", "control_counts", "fisher_p", "pooled"}``; a pair's pooled row follows its sets."""
+    from statescope.verdict.rule import pool_summaries, summary_from_dict
+    from statescope.verdict.stats import decide
+
+    groups: dict[tuple, list[tuple[str, dict]]] = {}
+    for folder in sorted(Path(d).glob("repro_*")):
+        rep = _report(folder)
+        seeds, _ = _seeds_and_patch(folder.name)
+        key = (rep["control"]["name"], ", ".join(rep["labels"]["trigger"]) or "none", rep["unit"])
+        groups.setdefault(key, []).append((seeds, rep))
+    rows = []
+    for (control, patch, unit), reps in groups.items():
+        reps.sort(key=lambda sr: int(sr[0].split(":")[0]))
+        level = alpha if alpha is not None else max(r["alpha"] for _, r in reps)
+        for seeds, rep in reps:
+            rows.append({"seeds": seeds, "control": control, "trigger_patch": patch, "unit": unit,
+                         "outcome": rep["outcome"],
+                         "trigger": f"{rep['trigger']['n_failed_units']}/{rep['trigger']['n_units']}",
+                         "control_counts": f"{rep['control']['n_failed_units']}/"
+                                           f"{rep['control']['n_units']}",
+                         "fisher_p": rep["fisher_p"], "pooled": False})
+        if len(reps) < 2:
+            continue
+        v = decide(pool_summaries([summary_from_dict(r["trigger"]) for _, r in reps]),
+                   pool_summaries([summary_from_dict(r["control"]) for _, r in reps]), alpha=level)
+        rows.append({"seeds": "pooled " + "+".join(s for s, _ in reps), "control": control,
+                     "trigger_patch": patch, "unit": unit, "outcome": v.outcome,
+                     "trigger": f"{v.trigger.n_failed_units}/{v.trigger.n_units}",
+                     "control_counts": f"{v.control.n_failed_units}/{v.control.n_units}",
+                     "fisher_p": v.fisher_p, "pooled": True})
+    return rows

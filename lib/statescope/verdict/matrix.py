@@ -31,18 +31,10 @@ RESOLVED_KEYS = ("enable_prefix_caching", "mamba_cache_mode", "num_speculative_t
 
 
 def cell_config(base: EngineConfig, cell: dict) -> EngineConfig:
-    """Apply one cell's settings, keeping the combination valid (no cache mode without caching)."""
-    cell = dict(cell)
-    spec = cell.pop("num_speculative_tokens", None)
-    changes: dict[str, Any] = dict(cell)
-    if spec is not None:
-        changes.update(num_speculative_tokens=spec, speculative_method="mtp" if spec else None)
-    if changes.get("enable_prefix_caching") is False:
-        changes["mamba_cache_mode"] = None
-    try:
-        return base.replace(**changes)
-    except TypeError as exc:
-        raise InputError(f"config_matrix axes: {exc}") from exc
+    """Apply one cell's settings by the one override rule (``EngineConfig.with_overrides``: no
+    cache mode without caching, 0 speculative tokens turn speculation off), as ``reproduce``
+    applies its ``--trigger-set``."""
+    return base.with_overrides(cell, where="cell settings")
 
 
 @dataclass

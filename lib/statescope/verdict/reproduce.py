@@ -368,6 +368,22 @@ class ReproduceResult:
     trigger_labels: list[dict]
     control_labels: list[dict]
     run_dir: Path
+    design: Any = None  # statescope.verdict.design.DesignPower: what the design could detect
+    # each seed set's verdict (statescope.verdict.rule.seed_set_verdicts); the verdict above
+    # is then the pooled one
+    seed_sets: list = field(default_factory=list)
+
+    def secondary(self) -> dict:
+        """The sequential test beside the verdict (statescope.verdict.rule.secondary)."""
+        from statescope.verdict.rule import secondary
+
+        return secondary(self.verdict.outcome,
+                         sequential_decision(self.trigger_labels, self.verdict.unit))
+
+    def decision_rule(self) -> str:
+        from statescope.verdict.rule import decision_rule
+
+        return decision_rule(self.verdict.unit, self.verdict.alpha, self.secondary())
 
     def examples(self, n: int = 10):
         from statescope.tables import RecordsTable
@@ -380,17 +396,29 @@ class ReproduceResult:
     def to_dict(self) -> dict:
         d = self.verdict.to_dict()
         d["labels"] = {"trigger": self.trigger.arm.labels, "control": self.control.arm.labels}
-        d["sequential"] = sequential_decision(self.trigger_labels, self.verdict.unit)
+        d["decision_rule"] = self.decision_rule()
+        d["sequential"] = self.secondary()  # secondary: shown, never deciding
+        d["design"] = self.design.to_dict() if self.design is not None else None
+        d["seed_sets"] = self.seed_sets
+        d["pooled"] = bool(self.seed_sets)  # the outcome above pools every seed set
         d["run_dir"] = str(self.run_dir)
         return d
 
     def _repr_html_(self) -> str:
         labels = self.trigger.arm.labels + self.control.arm.labels
         banner = "".join(f"<p style='color:#b00;font-weight:bold'>{l}</p>" for l in labels)
-        seq = sequential_decision(self.trigger_labels, self.verdict.unit)
-        note = (f"<p>Sequential test (SPRT p0={seq['p0']}, p1={seq['p1']}): {seq['decision']} after "
-                f"{seq['units_used']} of {seq['units_available']} {self.verdict.unit}s.</p>")
-        return banner + self.verdict._repr_html_() + note
+        import html
+
+        seq = self.secondary()
+        note = (f"<p>Secondary, sequential test (SPRT p0={seq['p0']}, p1={seq['p1']}): "
+                f"{seq['decision']} after {seq['units_used']} of {seq['units_available']} "
+                f"{self.verdict.unit}s: {html.escape(seq['note'])}.</p>"
+                f"<p><i>{html.escape(self.decision_rule())}.</i></p>")
+        sets = "".join(f"<li>seeds {r['seeds']}: {r['outcome']} ({r['trigger'][0]}/{r['trigger'][1]}"
+                       f" vs {r['control'][0]}/{r['control'][1]}, p={r['fisher_p']:.3g})</li>"
+                       for r in self.seed_sets if r["fisher_p"] is not None)
+        sets = f"<p>Each seed set (the verdict above pools them):</p><ul>{sets}</ul>" if sets else ""
+        return banner + self.verdict._repr_html_() + note + sets
 
 
 def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root: str | Path,
@@ -398,14 +426,20 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
               concurrency: int = 32, episodes_per_lifetime: int | None = None,
               alpha: float = 0.01, action_syntax: bool | None = None,
               control_run: ArmRun | None = None, replay: str | None = None,
-              trace_info: dict | None = None, progress=None) -> ReproduceResult:
+              trace_info: dict | None = None, progress=None, require_power: bool = False,
+              power_fixes: str = "add units (more episodes or seeds) or raise alpha",
+              seed_sets: Sequence[Sequence[int]] | None = None) -> ReproduceResult:
     """Run both arms (control first) and decide. ``action_syntax=None``: grade action syntax only
     when the control speaks the GUI-agent language (≥ 90% valid actions). ``control_run`` re-uses
     a control arm already run on the same trace (its records stay where they were stored).
     ``replay`` overrides the trace's replay mode; the mode used, and ``trace_info`` (an imported
     trace's manifest), go into the run's manifest. ``progress`` (``statescope.progress``) counts
     finished requests of both arms.
-    ``run_id=None`` claims a fresh, unique one (``statescope.records.claim_run_id``)."""
+    ``run_id=None`` claims a fresh, unique one (``statescope.records.claim_run_id``).
+    The design's power (``statescope.verdict.design``) is computed before any engine starts and
+    kept in the result; ``require_power`` refuses (``InputError`` naming ``power_fixes``) a design
+    that can never reach alpha. ``seed_sets`` (seed lists of a ``seeds_trace``): each set's
+    verdict beside the pooled one."""
     from statescope.records import claim_run_id
     from statescope.verdict.inputs import check_reproduce
     from statescope.workload import guilang
@@ -415,6 +449,12 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     check_reproduce(trigger, control, trace, store_root=store_root, run_id=run_id, runner=runner,
                     unit=unit, concurrency=concurrency, episodes_per_lifetime=episodes_per_lifetime,
                     alpha=alpha)
+    from statescope.verdict.design import design_units, power_of
+
+    n_units = design_units(trace, unit, episodes_per_lifetime)
+    design = power_of(n_units, n_units, alpha, unit)
+    if require_power and not design.can_answer:
+        raise InputError(design.refusal(power_fixes))
     if control_run is not None and control_run.trace_sha not in (None, trace_sha(trace)):
         raise InputError(f"cannot compare {trigger.name} (this run) with {control_run.arm.name} "
                          f"({control_run.run_dir}): they answer different traces (trace sha "
@@ -442,7 +482,12 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     verdict = decide(summarize_arm(trg, trg_labels, unit), summarize_arm(ctl, ctl_labels, unit), alpha=alpha)
     if trigger.labels or control.labels:
         verdict.explanation += " NOTE: " + "; ".join(trigger.labels + control.labels) + "."
-    return ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir)
+    result = ReproduceResult(verdict, trg, ctl, trg_labels, ctl_labels, store.run_dir, design)
+    if seed_sets:
+        from statescope.verdict.rule import seed_set_verdicts
+
+        result.seed_sets = seed_set_verdicts(result, seed_sets)
+    return result
 
 
 def run_fingerprint(trace: list[TraceStep], arms: Sequence[Arm]) -> str:
