@@ -248,7 +248,7 @@ def test_the_manifest_lists_the_engine_a_notebook_started(tmp_path):
 
     src = tmp_path / "engine.py"
     src.write_text("# %%\nfrom statescope.engine import EngineConfig, OfflineEngine\n"
-                   "engine = OfflineEngine(EngineConfig(max_model_len=512))\nprint('PASS · started')\n")
+                   "engine = OfflineEngine(EngineConfig())\nprint('PASS · started')\n")
     result = render_for_sharing(src, tmp_path / "out", png=False)
     assert result["ok"], result["error"]
     manifest = json.loads((Path(result["dir"]) / "manifest.json").read_text())

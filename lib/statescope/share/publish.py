@@ -199,12 +199,13 @@ def write_shared(executed: Any, out: Path, stem: str, *, engines: list[dict], en
         nb = scrub_notebook(executed, scrubber)
         # fail closed: what the scrubbed notebook prints, read across cells, and the numbers of
         # its figures (typed arrays) read as text
-        leakcheck.check_text(printed_text(nb), "the notebook's outputs read across cells", scrubber)
+        leakcheck.check_text(printed_text(nb), f"{stem}: the notebook's outputs read across cells",
+                             scrubber)
         for cell in nb.cells:
             for o in cell.get("outputs", []):
                 spec = o.get("data", {}).get(render_share.PLOTLY_MIME)
                 if spec is not None:
-                    leakcheck.check_numbers(spec, "a figure's data", scrubber)
+                    leakcheck.check_numbers(spec, f"{stem}: a figure's data", scrubber)
         manifest = scrubber.scrub_obj(envmanifest.collect(engines, environ))
         # a re-render after cells moved must not leave the old cells' figure files behind
         stale = [*(out / "data").glob(f"{stem}-cell*-fig*.json")]
