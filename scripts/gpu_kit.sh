@@ -675,7 +675,8 @@ echo "== install_all: $(( $(date +%s) - t0 )) s (logs: $GK/log-NAME.txt)"
 for n in "${want[@]}"; do
   echo "$n: ${state[$n]}"
   case "${state[$n]}" in
-    installed) grep -E '^(torch |vllm |tools:)|requires: (MISSING|CONFLICT|check)|already installed' "$GK/log-$n.txt" | head -12 | sed 's/^/    /' ;;
+    # the check's rows read 'NAME requires:   CONFLICT ...' (its own indent after the prefix)
+    installed) grep -E '^(torch |vllm |tools:)|requires: +(MISSING|CONFLICT|check)|already installed' "$GK/log-$n.txt" | head -30 | sed 's/^/    /' ;;
     FAILED) tail -15 "$GK/log-$n.txt" | sed 's/^/    /'; rc=4 ;;
     *) [ $rc != 0 ] || rc=3 ;;
   esac

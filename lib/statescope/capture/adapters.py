@@ -12,6 +12,12 @@ Covered, by the runner the engine resolves (``runner_kind``; the capture never p
   (``collect_mamba_copy_meta`` -> ``do_mamba_copy_block``); post-process fused
   (``run_fused_postprocess``).
 - 0.26.0, V1 ``GPUModelRunner`` on GPU: scalar pre-copy always; fused post-process.
+- 0.29.0-0.33.0, V1 ``GPUModelRunner`` as on 0.28.0 (``VLLM_USE_V2_MODEL_RUNNER=0``, or reached
+  through a fallback): every function the V1 hooks wrap, the parameters they bind, the calls
+  that reach them and the post-process kernel's decision rule the census mirrors are those of
+  0.28.0 in each release's source (``tests/test_capture_v1_releases.py``; the differences there
+  are the H-copy fix inside the copy kernel, copy functions keyed by Mamba type, and
+  ``get_mamba_groups`` returning a dict, which ``mamba_groups`` reads). ``V1_RELEASES``.
 - 0.30.0, 0.31.0, 0.32.0, 0.33.0, Model Runner V2 (``vllm.v1.worker.gpu.model_runner``; the GPU
   default for hybrids from 0.29): step from ``execute_model``/``sample_tokens``, the batch from
   ``prepare_inputs``, accepted counts from ``postprocess_sampled``, block ids mirrored from
@@ -20,9 +26,11 @@ Covered, by the runner the engine resolves (``runner_kind``; the capture never p
   ``statescope.capture.runner_view`` shows the V2 runner to the capture with V1's attributes.
   0.30.0 and 0.32.0 are the releases read line by line (docs/capture-and-diverge.md, "Model
   Runner V2"); 0.31.0 and 0.33.0 are covered because the same pieces pass the signature tests.
+  On these releases both runners' hooks are installed; the manifest says which one ran.
 
-Recognised, not covered: the V1 runner of 0.30.0+ (``V1_NOT_COVERED``: the engine refuses to
-step rather than record nothing when it resolves V1 there).
+Recognised, not covered: Model Runner V2 on 0.29.0 (its default runner on a GPU): refused at the
+first step (``EnvironmentBroken``), never run unrecorded; force V1 there or capture on 0.30.0+.
+A V1 runner on a release outside ``COVERED`` would be refused the same way (``V1_NOT_COVERED``).
 
 What it deliberately does not do: install anything (``statescope.capture.hooks``).
 """
@@ -64,11 +72,13 @@ _V2 = [
     (MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_postprocess_align"),
 ]
 
-V1_NOT_COVERED = ("its V1 model runner is not covered by statescope capture (the V1 hooks were "
-                  "verified on 0.26.0 and 0.28.0 only; on a GPU this release runs hybrids on Model "
-                  "Runner V2 by default, which the capture covers): run the engine on V2 "
-                  "(VLLM_USE_V2_MODEL_RUNNER unset or 1) or capture on 0.26.0/0.28.0")
-NOT_COVERED = {"0.32.0": V1_NOT_COVERED}  # kept for readers of the old table: V1 only
+V1_NOT_COVERED = ("its V1 model runner is not covered by statescope capture (the V1 hooks are "
+                  "checked against 0.26.0 and 0.28.0-0.33.0 sources): run the engine on Model "
+                  "Runner V2 (VLLM_USE_V2_MODEL_RUNNER unset or 1) or capture on a covered release")
+V2_NOT_COVERED = ("Model Runner V2 is not covered on this release (covered: 0.30.0-0.33.0): force "
+                  "the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, `statescope capture --set "
+                  "model_runner=v1`) or capture on 0.30.0+")
+NOT_COVERED: dict[str, str] = {}  # kept for readers of the old table: no covered release refuses V1
 
 
 @dataclass(frozen=True)
@@ -86,13 +96,16 @@ class VllmAdapter:
                 "runners": list(self.runners)}
 
 
+V1_RELEASES = ("0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")  # V1 as on 0.28.0 (docstring)
 COVERED = {
     "0.28.0": (True, "V1 GPUModelRunner/CPUModelRunner; fused or scalar pre-copy, fused post-process"),
     "0.26.0": (False, "V1 GPUModelRunner; scalar pre-copy, fused post-process"),
+    **{v: (True, "V1 GPUModelRunner (forced or through a fallback) as on 0.28.0; fused or scalar "
+                 "pre-copy, fused post-process") for v in V1_RELEASES},
 }
 COVERED_V2 = {
-    v: ("Model Runner V2: fused pre-copy and align post-process with idx_mapping (request slots); "
-        "V1 runner refused") for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0")}
+    v: "Model Runner V2: fused pre-copy and align post-process with idx_mapping (request slots)"
+    for v in ("0.30.0", "0.31.0", "0.32.0", "0.33.0")}
 
 
 def runner_kind(runner: Any) -> str:
@@ -126,32 +139,34 @@ def missing_pieces(required: list[tuple[str, str]]) -> list[str]:
 
 def adapter_for(version: str) -> VllmAdapter:
     """The adapter for ``version``; ``EnvironmentBroken`` says what is missing or unsupported."""
-    if version in COVERED_V2:
-        missing = missing_pieces(_V2)
-        if missing:
-            raise EnvironmentBroken(f"statescope capture: vLLM {version} lacks what the Model "
-                                    f"Runner V2 hooks wrap: {'; '.join(missing)}")
-        return VllmAdapter(version, False, COVERED_V2[version], ("V2",))
-    if version not in COVERED:
+    if version not in COVERED and version not in COVERED_V2:
         known = ", ".join(sorted(COVERED)) + " (V1), " + ", ".join(sorted(COVERED_V2)) + " (V2)"
         raise EnvironmentBroken(f"statescope capture: vLLM {version} is not supported (covered: "
                                 f"{known}); refusing to start rather than record nothing")
-    fused_precopy, notes = COVERED[version]
-    required = list(_COMMON)
-    if fused_precopy:
-        required.append((MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_precopy"))
-    missing = missing_pieces(required)
+    runners, notes, required, fused_precopy = [], [], [], False
+    if version in COVERED_V2:
+        runners.append("V2")
+        notes.append(COVERED_V2[version])
+        required += _V2
+    if version in COVERED:
+        fused_precopy, v1_notes = COVERED[version]
+        runners.append("V1")
+        notes.append(v1_notes)
+        required += _COMMON
+        if fused_precopy:
+            required.append((MAMBA_MODULE, "MambaSpecDecodeGPUContext.run_fused_precopy"))
+    missing = missing_pieces(list(dict.fromkeys(required)))
     if missing:
         raise EnvironmentBroken(f"statescope capture: vLLM {version} lacks what the capture hooks "
-                                f"wrap: {'; '.join(missing)}")
-    return VllmAdapter(version, fused_precopy, notes)
+                                f"({'/'.join(runners)}) wrap: {'; '.join(missing)}")
+    return VllmAdapter(version, fused_precopy, "; ".join(notes), tuple(runners))
 
 
 def refuse_runner(adapter: VllmAdapter, runner: Any) -> None:
     """``EnvironmentBroken`` when the engine resolved a runner the adapter does not cover."""
     kind = runner_kind(runner)
     if not adapter.covers(kind):
-        why = V1_NOT_COVERED if kind == "V1" else "Model Runner V2 is not covered on this release"
+        why = V1_NOT_COVERED if kind == "V1" else V2_NOT_COVERED
         raise EnvironmentBroken(f"statescope capture: vLLM {adapter.version}: {why}")
 
 
