@@ -33,13 +33,13 @@ def trace_from_args(args: argparse.Namespace) -> tuple[list | None, dict]:
     trace_opts = [f for f, v in (("--seeds", args.seeds), ("--vision", args.vision),
                                  ("--geometry", args.geometry)) if v]
     if args.trace and args.preset:
-        raise InputError("statescope capture: --trace and --preset are two workloads; give one")
+        raise InputError("--trace and --preset are two workloads; give one")
     if args.trace and trace_opts:
-        raise InputError(f"statescope capture: {', '.join(trace_opts)} apply to --preset traces; "
+        raise InputError(f"{', '.join(trace_opts)} apply to --preset traces; "
                          "a --trace file carries its own steps, images and geometry")
     if not (args.trace or args.preset):
         if trace_opts:
-            raise InputError(f"statescope capture: {', '.join(trace_opts)} need --preset NAME "
+            raise InputError(f"{', '.join(trace_opts)} need --preset NAME "
                              "(the short workload has its own shape: --episodes/--steps)")
         return None, {}
     if args.trace:
@@ -55,7 +55,7 @@ def trace_from_args(args: argparse.Namespace) -> tuple[list | None, dict]:
         trace = preset_trace(args.preset, vision=args.vision, geometry=args.geometry)
         info = {"preset": args.preset, "vision": args.vision, "geometry": args.geometry}
     if not trace:
-        raise InputError(f"statescope capture: the workload {info} has no requests")
+        raise InputError(f"the workload {info} has no requests")
     return trace, info
 
 
