@@ -86,3 +86,58 @@ def test_an_older_capture_is_compared_on_its_running_column(gpu_run, capsys):
     out = capsys.readouterr().out
     assert "0 of 288 requests diverge" in out and "running column only" in out
     assert "one step late" in out
+
+
+def _as_killed(run: CaptureRun, dst: Path, finished: int | None, tables: bool = True) -> Path:
+    """A copy of ``run`` as a capture killed mid-run: status running, no ``ended`` record, the
+    plan and (``finished``) the progress its workload last recorded."""
+    import json
+    import shutil
+
+    shutil.copytree(run.path, dst)
+    if not tables:
+        for part in (dst / "tables").glob("*.parquet"):
+            part.unlink()
+    man = json.loads((dst / "manifest.json").read_text())
+    man.pop("ended", None)
+    man.update(status="running", workload=dict(PLAN, requests_planned=288))
+    if finished is not None:
+        man["progress"] = {"requests_finished": finished, "waves_completed": 1}
+    (dst / "manifest.json").write_text(json.dumps(man))
+    return dst
+
+
+def test_every_reader_refuses_an_incomplete_capture_until_told(gpu_run, tmp_path, capsys):
+    """Item 7: continuity, census and diverge refuse a killed run (exit 2, the reason); recover
+    closes it incomplete with how far it got; --allow-incomplete reads it, with a warning."""
+    from statescope.capture.spool import recover
+    from statescope.cli.main import main
+
+    killed = _as_killed(gpu_run, tmp_path / "killed", finished=96)
+    for argv in (["continuity", str(killed)], ["census", str(killed)],
+                 ["diverge", str(killed), "--reference", str(gpu_run.path)]):
+        assert main(argv) == 2, argv
+        assert "incomplete" in capsys.readouterr().err
+    rep = recover(killed)
+    assert rep["steps_emitted"] == 0 and rep["status"] == "incomplete"  # closed, not left running
+    end = CaptureRun(killed).ending()
+    assert not end["complete"] and "96 of 288 planned requests finished" in end["why"]
+    assert end["closed_by"] == "capture-recover" and "recovered" in end["why"]
+    assert main(["census", str(killed)]) == 2 and main(["continuity", str(killed)]) == 2
+    capsys.readouterr()
+    assert main(["census", str(killed), "--allow-incomplete"]) == 0
+    assert main(["continuity", str(killed), "--allow-incomplete"]) == 1  # its real breaks
+    assert "INCOMPLETE" in capsys.readouterr().err
+    assert recover(killed)["status"] == "incomplete"  # a second recovery changes nothing
+
+
+def test_zero_of_zero_is_never_success(gpu_run, tmp_path, capsys):
+    """An incomplete run that kept no rows: read anyway, it has nothing to say (exit 2)."""
+    from statescope.cli.main import main
+
+    empty = _as_killed(gpu_run, tmp_path / "empty", finished=None, tables=False)
+    assert main(["diverge", str(empty), "--reference", str(gpu_run.path), "--allow-incomplete"]) == 2
+    assert main(["census", str(empty), "--allow-incomplete"]) == 2
+    assert main(["continuity", str(empty), "--allow-incomplete"]) == 2
+    err = capsys.readouterr().err
+    assert "0 of 0" not in err and "nothing" in err

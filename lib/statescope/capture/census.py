@@ -186,9 +186,11 @@ def census_counts(rows: Iterable[Mapping], by: Sequence[str] = ()) -> dict:
     return dict(out)
 
 
-def census_report(run_path: str | Path) -> dict:
-    """The census of one run (a run directory, or a directory of runs: the latest)."""
+def census_report(run_path: str | Path, allow_incomplete: bool = False) -> dict:
+    """The census of one run (a run directory, or a directory of runs: the latest). An
+    incomplete run raises ``InputError`` unless ``allow_incomplete`` (``warnings`` says so)."""
     from statescope.capture.census import census_counts
+    from statescope.capture.ending import require_complete
     from statescope.capture.store import MANIFEST, CaptureRun, find_runs
 
     path = Path(run_path)
@@ -198,6 +200,7 @@ def census_report(run_path: str | Path) -> dict:
             raise InputError(f"statescope census: {path} is not a capture run nor holds any")
         path = runs[-1]
     run = CaptureRun(path)
+    warning = require_complete(run, allow_incomplete, "statescope census")
     rows = run.copies().to_dict("records")
     cc = run.manifest.get("census_crosscheck", {})
     return {"run": str(path), "copies": len(rows), "counts": census_counts(rows),
@@ -205,4 +208,5 @@ def census_report(run_path: str | Path) -> dict:
             "engine_steps": run.manifest.get("engine_steps"), "crosscheck": cc,
             "crosscheck_ok": not cc or (cc.get("decoded_not_observed", 0) == 0
                                         and cc.get("observed_not_decoded", 0) == 0),
-            "capture_errors": run.manifest.get("error_count", 0)}
+            "capture_errors": run.manifest.get("error_count", 0),
+            "step_rows": len(run.steps()), "complete": warning is None, "warnings": [warning] if warning else []}

@@ -9,6 +9,8 @@ description) and what it reported (``requests_finished``, ``engine_error``), and
 with the reason. ``ending(manifest)`` reads it back, and gives an older capture without the
 record its best reading of ``status``.
 
+``require_complete(run, allow, command)`` is the refusal every reader of a capture makes first.
+
 What it deliberately does not do: decide what a comparison does with an incomplete run
 (``statescope.diverge.report`` refuses it unless told to go on), or count a run's rows.
 """
@@ -62,3 +64,21 @@ def ending(manifest: Mapping[str, Any]) -> dict:
            "complete_with_errors": f"{manifest.get('error_count', '?')} capture hook error(s): "
                                    "steps may be missing"}.get(status, f"status {status!r}")
     return {"complete": False, "recorded": False, "status": status, "why": why}
+
+
+def require_complete(run: Any, allow_incomplete: bool, command: str) -> str | None:
+    """What every reader of a capture does first: an incomplete run (killed mid-run, the engine
+    raised, fewer requests finished than planned, never closed) raises ``InputError`` naming the
+    run and the reason, unless ``allow_incomplete``; then the returned warning says so (None for
+    a complete run)."""
+    from statescope.errors import InputError
+
+    end = run.ending()
+    if end["complete"]:
+        return None
+    msg = (f"{command}: capture {run.path} is incomplete: {end['why']} (manifest status "
+           f"{end.get('status')!r})")
+    if not allow_incomplete:
+        raise InputError(msg + "; read a complete capture, run `statescope capture-recover` on a "
+                               "killed one, or pass --allow-incomplete to read the steps it has")
+    return "INCOMPLETE: " + msg + "; only the steps it captured are read"

@@ -372,6 +372,16 @@ class Recorder:
             run.drain(force=True)
         return [r.writer.run_dir for r in self.runs.values()]
 
+    def checkpoint(self, **progress: Any) -> None:
+        """Make every finished step durable now and record the workload's progress so far
+        (``requests_finished``, ...) in each open run's manifest (``progress``): a run killed
+        later keeps these rows, and ``capture-recover`` knows how far the workload got."""
+        self.flush()
+        for run in list(self.runs.values()):
+            with run.drain_lock:
+                run.writer.note(progress=dict(progress))
+                run.writer.write_manifest()
+
     def close(self, closed_by: str = "close", outcome: dict | None = None) -> list[Path]:
         """Write and close every run; ``outcome``: how the workload went (``requests_finished``,
         ``engine_error``), which decides whether a run is complete."""
@@ -453,6 +463,13 @@ def close(outcome: dict | None = None) -> list[Path]:
     """Finish every run of this process (later steps start new runs); returns all run dirs."""
     rec = _recorder[0]
     return rec.close(outcome=outcome) if rec is not None else []
+
+
+def checkpoint(**progress: Any) -> None:
+    """Flush and record the workload's progress (see ``Recorder.checkpoint``)."""
+    rec = _recorder[0]
+    if rec is not None:
+        rec.checkpoint(**progress)
 
 
 def note_workload(**planned: Any) -> None:

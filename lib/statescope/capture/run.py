@@ -154,6 +154,9 @@ class RunCapture(RunEmitter):
         self.steps_since_write = 0
         self.last_write = time.monotonic()
         self.wake: threading.Event | None = None  # set by the recorder: wakes its flusher
+        # a recorded request finished: write its rows at the next drain, so that a killed run
+        # keeps every finished request (the spool keeps them already where there is one)
+        self.finished_due = False
 
     # ---- in the step -------------------------------------------------------------------------
 
@@ -174,6 +177,10 @@ class RunCapture(RunEmitter):
         self.last_step_t = time.monotonic()
         for rid in so.finished_req_ids:
             self.reqs.pop(rid, None)
+        if so.finished_req_ids and self.spool is None:
+            self.finished_due = True
+            if self.wake is not None:
+                self.wake.set()
         spec_tokens = so.scheduled_spec_decode_tokens
         sched = {}
         for new in so.scheduled_new_reqs:
@@ -408,9 +415,11 @@ class RunCapture(RunEmitter):
         self.steps_since_write += len(done)
         idle = time.monotonic() - self.last_write > self.spec.flush_interval_s
         batch = self.spool is not None and bool(done)  # a deferred batch: persist it now
-        if write and self.steps_since_write and (force or idle or batch
+        finished = self.finished_due and not self.pending  # every step up to a finish emitted
+        if write and self.steps_since_write and (force or idle or batch or finished
                                        or self.steps_since_write >= self.spec.flush_every_steps):
             self.write()
+            self.finished_due = self.finished_due and not finished
             if batch:  # its steps are in the tables (manifest says up to which byte): start afresh
                 self.spool.truncate()
                 self.writer.note(spool_emitted=0)

@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from statescope.capture import spool_format
 from statescope.errors import InputError
@@ -113,9 +113,13 @@ def read_spool(run_dir: str | os.PathLike, start: int = 0) -> Iterator[tuple[int
 
 
 def recover(run_dir: str | os.PathLike) -> dict:
-    """Emit a run's spooled steps that its tables lack (after a crash or kill), from its manifest.
-    Returns {"run", "steps_emitted", "status"}; a run with nothing to recover is left unchanged."""
-    from statescope.capture.store import CaptureRun
+    """Emit a run's spooled steps that its tables lack (after a crash or kill), from its manifest,
+    and close a run left ``running``: its ``ended`` record says it was recovered, with the
+    progress its workload last recorded (``Recorder.checkpoint``), so a killed run reads
+    ``incomplete`` unless every planned request had finished. Returns {"run", "steps_emitted",
+    "status", "ended"}; a run already closed with nothing to recover is left unchanged."""
+    from statescope.capture.ending import run_ending
+    from statescope.capture.store import CaptureRun, CaptureWriter
 
     run = CaptureRun(run_dir)
     man = run.manifest
@@ -124,17 +128,33 @@ def recover(run_dir: str | os.PathLike) -> dict:
     # in both: the tables win (steps are numbered per run)
     written = {int(x) for t in ("steps", "copies") for x in _table_steps(run, t)}
     pending = [(off, it) for off, it in read_spool(run.path, done) if it["engine_step"] not in written]
-    if not pending:
-        return {"run": str(run.path), "steps_emitted": 0, "status": man.get("status")}
-    from statescope.capture.emit import StandaloneEmitter
+    status = man.get("status")
+    if not pending and status not in (None, "running"):
+        return {"run": str(run.path), "steps_emitted": 0, "status": status, "ended": man.get("ended")}
+    if pending:
+        from statescope.capture.emit import StandaloneEmitter
 
-    em = StandaloneEmitter(run.path, man)
-    for _, item in pending:
-        em._emit(item)
-    em.writer.note(spool_emitted=pending[-1][0], recovered_steps=len(pending))
-    status = man.get("status") if man.get("status") not in (None, "running") else "recovered"
-    em.writer.close(status)
-    return {"run": str(run.path), "steps_emitted": len(pending), "status": status}
+        em = StandaloneEmitter(run.path, man)
+        for _, item in pending:
+            em._emit(item)
+        writer = em.writer
+        writer.note(spool_emitted=pending[-1][0])
+    else:
+        writer = CaptureWriter.reopen(run.path)
+    writer.note(recovered_steps=len(pending))
+    if status in (None, "running"):
+        steps = max([int(it["engine_step"]) for _, it in pending] + [int(x) for x in written]
+                    + [int(man.get("engine_steps") or 0)])
+        ended = run_ending(man.get("workload"), man.get("progress"), "capture-recover", steps,
+                           int(man.get("error_count") or 0))
+        if man.get("progress") is not None and not ended["complete"]:
+            ended["why"] = (f"killed before it closed (recovered by statescope capture-recover): "
+                            f"{ended['why']}")
+        status = "complete" if ended["complete"] else "incomplete"
+        writer.note(ended=ended)
+    writer.close(status)
+    return {"run": str(run.path), "steps_emitted": len(pending), "status": status,
+            "ended": writer.manifest.get("ended")}
 
 
 def _table_steps(run: Any, table: str) -> list:

@@ -247,6 +247,17 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
+def update_manifest(run_dir: str | os.PathLike, **fields: Any) -> dict:
+    """Add ``fields`` to a closed run's manifest (atomically); returns the new manifest. For
+    what is known only after close (the capture command's ``exercised`` counts)."""
+    path = Path(run_dir) / MANIFEST
+    manifest = dict(read_manifest(path), **fields)
+    tmp = path.with_name(MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    os.replace(tmp, path)
+    return manifest
+
+
 class CaptureRun:
     """A capture run on disk, read back."""
 

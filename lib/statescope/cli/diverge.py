@@ -66,6 +66,10 @@ def diverge_command(args: argparse.Namespace) -> int:
         print(report.text(all_requests=args.all))
         print()
         print(hypotheses_text(table))
+    if not report.requests:  # "0 of 0 requests diverge" is no answer (an incomplete run's steps)
+        print(f"statescope diverge: no request of {args.run} could be compared with "
+              f"{args.reference}: nothing was checked (exit 2)", file=sys.stderr)
+        return 2
     return 1 if report.diverged else 0
 
 
@@ -95,20 +99,31 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "permute_accepted): its mechanism is labelled EMULATED")
     p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
     p.set_defaults(func=diverge_command)
-    p.epilog = "exit status: 0 no request diverges, 1 some do, 2 bad input or an incomplete run"
+    p.epilog = ("exit status: 0 no request diverges, 1 some do, 2 bad input, an incomplete run "
+                "(without --allow-incomplete), or no request compared (with it)")
 
 
 def continuity_command(args: Any) -> int:
-    """``statescope continuity RUN``: the check needs no reference run; exit 1 if a shift broke."""
+    """``statescope continuity RUN``: the check needs no reference run; exit 1 if a shift broke,
+    2 for an incomplete run (unless ``--allow-incomplete``) or a run with nothing to check."""
     import json
+    import sys
 
-    df = conv_shift_check(args.run)
+    from statescope.capture.ending import require_complete
+
+    run = _open(args.run, "run")
+    warning = require_complete(run, args.allow_incomplete, "statescope continuity")
+    if warning:
+        print(f"statescope continuity: WARNING: {warning}", file=sys.stderr)
+    df = conv_shift_check(run)
     summary = continuity_summary(df)
     breaks = df[~df["ok"]] if not df.empty else df
     if args.json:
-        print(json.dumps({"run": str(args.run), "summary": summary,
+        print(json.dumps({"run": str(args.run), "summary": summary, "warnings": [warning] if warning else [],
                           "breaks": breaks.to_dict(orient="records")}, indent=2, default=str))
     else:
+        if warning:
+            print(f"WARNING: {warning}")
         print(f"{summary['break_transitions']} of {summary['transitions_checked']} decode transitions "
               f"({summary['requests_with_break']} of {summary['requests_checked']} requests) break "
               "the conv window's continuity")
@@ -127,7 +142,14 @@ def continuity_command(args: Any) -> int:
             cols = ["req_id", "req_step", "engine_step", "layer", "expected_shift", "observed_shifts",
                     "break_kind", "moved", "prefill_rows_in_batch"]
             print(breaks[[c for c in cols if c in breaks]].head(args.limit).to_string(index=False))
-    return 1 if summary["break_transitions"] else 0
+    if summary["break_transitions"]:
+        return 1
+    if not summary["transitions_checked"]:  # "0 of 0" is no answer: nothing was checked
+        print(f"statescope continuity: {args.run} has no decode -> decode transition to check "
+              "(no captured decode steps with every draft scheduled): no answer (exit 2)",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 def add_continuity_subcommand(subparsers: Any) -> None:
@@ -135,8 +157,14 @@ def add_continuity_subcommand(subparsers: Any) -> None:
                                                  "decode step's conv update shifted by the accepted count")
     p.add_argument("run", help="capture run directory (digest or full mode, speculative decoding on)")
     p.add_argument("--limit", type=int, default=40, help="break rows to print")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="check an incomplete capture (killed, engine error, fewer requests "
+                        "finished than planned) anyway, with a warning; without it such a run "
+                        "is refused (exit 2)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=continuity_command)
+    p.epilog = ("exit status: 0 every checked transition continues, 1 some break, 2 bad input, "
+                "an incomplete run (without --allow-incomplete), or no transition to check")
 
 
 def _repo_relative(path: str) -> str:

@@ -73,7 +73,7 @@ def capture_summary(run_dir: str | os.PathLike) -> dict:
             "hit_tokens": [int(x) for x in hits["prefix_hit_tokens"]][:400],
             "accepted_mean": float(st["accepted"].dropna().mean()) if "accepted" in st else None,
             "draft_rows": int((st["num_drafts"].fillna(0) > 0).sum()) if "num_drafts" in st else None,
-            "census": census_report(run.path),
+            "census": census_report(run.path, allow_incomplete=True),  # status is in "manifest"
             "census_paths": {"|".join(map(str, k)): int(v) for k, v in
                              cp.groupby(["path", "launch_kind", "state_kind", "kind"]).size().items()}
             if len(cp) else {},
