@@ -182,3 +182,68 @@ def test_bad_input_and_exit_status():
     with pytest.raises(InputError, match="calibration_sets"):
         confirmed_bisect(ITEMS, SeedOracle(set(), FAILING), calibration_sets=0)
     assert EXIT_STATUS["inconclusive"] == 1 and EXIT_STATUS["first good"] == 0
+
+
+# ---- the command: statescope bisect --builds, confirmed search, fake cells -------------------
+
+def _fake_cells(monkeypatch, failing=FAILING):
+    """Cells without engines: a build with the PLANTED patch fails one of 4 units on each seed of
+    ``failing`` (deterministic per seed), any other build none."""
+    import sys
+    from statescope import builds
+    from statescope.builds import run as builds_run
+
+    calls = []
+
+    def fake_run_cell(spec, *, seeds, **kw):
+        calls.append((spec.text, list(seeds)))
+        k = sum(1 for s in seeds if s in failing) if spec.planted else 0
+        return builds_run.CellResult(spec.label, 4 * len(seeds), k, "x", "episode", [], "0.28.0",
+                                     "2.13.0", "/tmp/x", "/tmp/x.log", 1.5, 4 * len(seeds), 0,
+                                     seeds=list(seeds), engine_starts=2, runner={})
+
+    monkeypatch.setattr(builds_run, "run_cell", fake_run_cell)
+    monkeypatch.setattr(builds, "ensure_build", lambda spec, **kw: None)
+    py = sys.executable
+    return calls, f"python:{py}+patch:planted_regression", f"python:{py}"
+
+
+def _bisect_cli(argv, capsys):
+    import json
+
+    from statescope.cli.main import main
+
+    status = main(["bisect", *argv, "--json", "--runs", "/tmp/statescope-unused"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("planted, outcome, status", [
+    ((1, 1, 0, 0), "first good", 0), ((1, 1, 1, 1), "none is good", 0),
+    ((0, 0, 0, 0), "already good at the first build", 0)])
+def test_the_command_says_each_outcome_and_its_exit_status(monkeypatch, capsys, planted, outcome,
+                                                          status):
+    calls, bad, good = _fake_cells(monkeypatch)
+    specs = [bad if p else good for p in planted]
+    got, r = _bisect_cli(["--builds", *specs, "--mode", "fix"], capsys)
+    assert (got, r["outcome"]["outcome"]) == (status, outcome)
+    assert all(p["seeds"] for p in r["probes"]) and r["cost"]["cells"] == len(calls)
+    if outcome == "first good":
+        assert r["outcome"]["answer"] == r["labels"][2]
+    for index in set(p["index"] for p in r["probes"]):  # no build re-ran a seed
+        seeds = [s for p in r["probes"] if p["index"] == index for s in p["seeds"]]
+        assert len(seeds) == len(set(seeds))
+
+
+def test_the_old_default_seeds_give_inconclusive_exit_1(monkeypatch, capsys):
+    calls, bad, good = _fake_cells(monkeypatch)
+    got, r = _bisect_cli(["--builds", bad, bad, good, "--mode", "fix", "--seeds", "0:3",
+                          "--seed-pool", "0:6"], capsys)
+    assert got == 1 and r["outcome"]["outcome"] == "inconclusive"
+    assert "not calibrated" in r["outcome"]["reason"] and calls[0][1] == [0, 1, 2]
+
+
+def test_a_pool_smaller_than_a_seed_set_is_bad_input(monkeypatch, capsys):
+    from statescope.cli.main import main
+
+    _, bad, good = _fake_cells(monkeypatch)
+    assert main(["bisect", "--builds", bad, bad, good, "--seeds", "0:3", "--seed-pool", "0:2"]) == 2
