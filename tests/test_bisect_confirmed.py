@@ -208,12 +208,12 @@ def _fake_cells(monkeypatch, failing=FAILING):
     return calls, f"python:{py}+patch:planted_regression", f"python:{py}"
 
 
-def _bisect_cli(argv, capsys):
+def _bisect_cli(argv, capsys, runs="/tmp/statescope-unused"):
     import json
 
     from statescope.cli.main import main
 
-    status = main(["bisect", *argv, "--json", "--runs", "/tmp/statescope-unused"])
+    status = main(["bisect", *argv, "--json", "--runs", str(runs)])
     return status, json.loads(capsys.readouterr().out)
 
 
@@ -247,3 +247,4 @@ def test_a_pool_smaller_than_a_seed_set_is_bad_input(monkeypatch, capsys):
 
     _, bad, good = _fake_cells(monkeypatch)
     assert main(["bisect", "--builds", bad, bad, good, "--seeds", "0:3", "--seed-pool", "0:2"]) == 2
+
