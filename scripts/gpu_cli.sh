@@ -174,10 +174,11 @@ bisect_live() {  # [MAX_S]: live Bayesian bisections (find-fix) over the kit's r
   local envs="" v
   for v in ${SS_BISECT_RELEASES:-0.26.0 0.28.0 0.30.0 0.32.0}; do envs="$envs env:/tmp/vllm-$v"; done
   mkdir -p "$B/runs"
-  # 3 seeds x 8 episodes = 24 units a cell; budget 4 probes; seeds shift per re-probe of a build
+  # 3 seeds x 8 episodes = 24 units a cell; the confirmed search (docs/bisect.md): the first seed
+  # set SS_BISECT_SEEDS, the next ones drawn from the pool 0:48, never repeated on a build
   # shellcheck disable=SC2086
   local common="--builds $envs --mode fix --model $MODEL --preset $PRESET --control no_async
-    --seeds ${SS_BISECT_SEEDS:-0:3} --budget ${SS_BISECT_BUDGET:-96} --max-seconds $max_s
+    --seeds ${SS_BISECT_SEEDS:-0:3} --budget ${SS_BISECT_BUDGET:-480} --max-seconds $max_s
     --runs $B/runs --json"
   [ "${SS_WARM:-0}" = 1 ] && SS_JOBDIR="$B/warm" doctor_all ${SS_BISECT_RELEASES:-0.26.0 0.28.0 0.30.0 0.32.0}
   # shellcheck disable=SC2086
@@ -194,7 +195,8 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 c, k = d.get("cost", {}), d.get("check", {})
 print(sys.argv[1].split("/")[-2], "|", " ".join(m.split(" ")[0] for m in d.get("marks", [])) or "-",
-      "|", k.get("verdict"), "| probes", [(p["label"], f"{p['k']}/{p['n']}") for p in d["probes"]],
+      "|", d.get("answer") if d.get("outcome") else k.get("verdict"),
+      "| probes", [(p["label"], f"{p['k']}/{p['n']}", p.get("seeds")) for p in d["probes"]],
       "| engine starts", c.get("engine_starts"), "| wall s", c.get("wall_seconds"),
       "| stopped", d.get("stopped"))
 PY

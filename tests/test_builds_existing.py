@@ -257,8 +257,13 @@ def test_the_answer_is_checked_against_the_probes():
     assert alone["verdict"].startswith("none is good: every probe fails")
     unsure = checked_answer(_result("fix", [(1, 24, 3)], 2))
     assert unsure["verdict"].startswith("unconfirmed")
-    reg = checked_answer(_result("regression", [(0, 24, 0), (2, 24, 6)], 2))
-    assert reg["first_bad"] == "0.30.0"
+    # an answer needs itself and its predecessor probed (the confirmation rule)
+    gap = checked_answer(_result("regression", [(0, 24, 0), (2, 24, 6)], 2))
+    assert gap["first_bad"] is None and gap["outcome"] == "inconclusive"
+    reg = checked_answer(_result("regression", [(0, 24, 0), (1, 24, 0), (2, 24, 6)], 2))
+    assert reg["first_bad"] == "0.30.0" and reg["outcome"] == "first bad"
+    assert good["outcome"] == "first good" and every["outcome"] == "inconclusive"
+    assert none["outcome"] == "none is good" and unsure["outcome"] == "inconclusive"
 
 
 def test_a_live_result_round_trips_and_plots():
@@ -279,12 +284,13 @@ def test_two_real_bisections_in_an_existing_environment_reuse_one_control(tmp_pa
 
     base = ["bisect", "--builds", f"env:{VENV}", f"python:{sys.executable}", f"env:{VENV}",
             "--mode", "fix", "--preset", "smoke", "--budget", "4", "--runs", str(tmp_path),
-            "--both-set", "model_runner=v1", "--json"]
-    assert main(base) == 0
+            "--both-set", "model_runner=v1", "--json", "--search", "bayesian"]
+    statuses = [main(base)]
     first = json.loads(capsys.readouterr().out)
-    assert main(base + ["--trigger-patch", "accept_sync"]) == 0
+    statuses.append(main(base + ["--trigger-patch", "accept_sync"]))
     second = json.loads(capsys.readouterr().out)
-    for r in (first, second):
+    for r, status in zip((first, second), statuses):  # one probe answers nothing: inconclusive
+        assert status == (1 if r["check"]["outcome"] == "inconclusive" else 0)
         assert r["cost"]["cells"] == 1 and len(r["probes"]) == 1 and r["check"]["verdict"]
         assert r["cells"][0]["runner"] == {"trigger": "V1", "control": "V1"}
         assert r["cells"][0]["vllm"] and r["labels"][0].startswith("#0 vllm ")

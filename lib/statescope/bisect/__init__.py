@@ -11,7 +11,11 @@ What it does: the public face of the bisection modules, with the names other cod
   baseline), ``bisect_settings`` (one setting axis);
 - ``statescope.bisect.result``: ``BisectResult`` / ``ProbeRecord`` (probes, posterior after each,
   answer, JSON, heatmap);
-- ``statescope.bisect.sim``: ``FlakyOracle`` and ``compare_methods`` (SYNTHETIC oracles);
+- ``statescope.bisect.confirmed``: ``confirmed_bisect`` (the command's default: endpoints
+  first, a seed set calibrated on the known-bad end, an answer confirmed on both sides of it or
+  "inconclusive"; ``OUTCOMES``), with ``statescope.bisect.seeds.SeedPool`` (seed sets drawn
+  from a pool, never repeated on one item);
+- ``statescope.bisect.sim``: ``FlakyOracle``, ``SeedOracle`` and ``compare_methods`` (SYNTHETIC oracles);
 
 The command line (``statescope bisect``) lives in ``statescope.cli.bisect``.
 
@@ -23,9 +27,11 @@ from __future__ import annotations
 
 from statescope.bisect.model import MODES, ChangePointPosterior, RatePrior
 from statescope.bisect.result import BisectResult, ProbeRecord
+from statescope.bisect.confirmed import OUTCOMES, confirmed_bisect
 from statescope.bisect.search import Probe, bayesian_bisect, bisect_settings, plain_bisect
-from statescope.bisect.sim import FlakyOracle, compare_methods
+from statescope.bisect.seeds import SeedPool
+from statescope.bisect.sim import FlakyOracle, SeedOracle, compare_methods
 
-__all__ = ["MODES", "BisectResult", "ChangePointPosterior", "FlakyOracle", "Probe", "ProbeRecord",
-           "RatePrior", "bayesian_bisect", "bisect_settings",
-           "compare_methods", "plain_bisect"]
+__all__ = ["MODES", "OUTCOMES", "BisectResult", "ChangePointPosterior", "FlakyOracle", "Probe",
+           "ProbeRecord", "RatePrior", "SeedOracle", "SeedPool", "bayesian_bisect",
+           "bisect_settings", "compare_methods", "confirmed_bisect", "plain_bisect"]

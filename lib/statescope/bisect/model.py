@@ -8,7 +8,10 @@ flaky bugs (a failure seen is near-certain evidence of "bad"; a clean probe is o
 evidence of "good", with a strength learnt from the failures seen so far).
 ``ChangePointPosterior`` integrates both rates out exactly on that grid and gives the marginal
 over *c* and the expected information (bits) of a probe of n requests on every item at once
-(prefix sums, O(N m^2)); ``joint`` is the full (c, before-rate, after-rate) table and ``copy`` an
+(prefix sums, O(N m^2)). With ``edges=True`` the hypotheses are c = 0..N: c = 0 is "every item
+is in the after regime" (find-fix: already good at the first item) and c = N "no item is" (none
+is good), so a uniform prior over three items is [0.25, 0.25, 0.25, 0.25], not [0, 0.5, 0.5];
+``marginal`` then has N + 1 entries, the last one c = N; ``joint`` is the full (c, before-rate, after-rate) table and ``copy`` an
 independent twin, for reasoning about probes still in flight (``statescope.cluster.batches``). ``mode='fix'`` swaps which regime fails more.
 
 What it deliberately does not do: choose or run probes (``statescope.bisect.search``), model more
@@ -63,12 +66,16 @@ def _rate_loglik(k: np.ndarray, n: np.ndarray, rates: np.ndarray) -> np.ndarray:
 class ChangePointPosterior:
     """Posterior over the change location given per-item (requests, failures) counts."""
 
-    def __init__(self, n_items: int, mode: str = "regression", prior: RatePrior | None = None) -> None:
+    def __init__(self, n_items: int, mode: str = "regression", prior: RatePrior | None = None,
+                 *, edges: bool = False) -> None:
         if not isinstance(n_items, numbers.Integral) or n_items < 2:
             raise InputError(f"bisection items: expected at least 2 ordered items, got {n_items!r}")
         if mode not in MODES:
             raise InputError(f"bisection mode={mode!r}: expected one of {MODES}")
         self.n_items, self.mode, self.prior = int(n_items), mode, prior or RatePrior()
+        self.edges = bool(edges)
+        self.c_first = 0 if self.edges else 1  # hypotheses c = c_first .. c_last
+        self.c_last = self.n_items if self.edges else self.n_items - 1
         self.rates, pair = self.prior.grid()
         # pair is (good, bad); orient it as (before-rate, after-rate) for this mode.
         self.pair = pair if mode == "regression" else pair.T
@@ -92,7 +99,8 @@ class ChangePointPosterior:
         marginal is an elementwise product with one matrix product: O(N m^2) without an N*m*m
         table."""
         if self._cache is None:
-            before, after = rate_marginals_of(self.rates, self.pair, self.n[None], self.k[None])
+            before, after = rate_marginals_of(self.rates, self.pair, self.n[None], self.k[None],
+                                              edges=self.edges)
             self._cache = (before[0], after[0])
         return self._cache
 
@@ -106,7 +114,7 @@ class ChangePointPosterior:
         """P(c, before-rate, after-rate | data), shape (N-1, m, m), c = 1..N-1 along axis 0
         (an explicit table: for sampling whole hypotheses, e.g. unknown outcomes of probes in flight)."""
         cn, ck = np.concatenate([[0], np.cumsum(self.n)]), np.concatenate([[0], np.cumsum(self.k)])
-        c = np.arange(1, self.n_items)
+        c = np.arange(self.c_first, self.c_last + 1)
         lb = _rate_loglik(ck[c], cn[c], self.rates)
         la = _rate_loglik(ck[-1] - ck[c], cn[-1] - cn[c], self.rates)
         log_joint = lb[:, :, None] + la[:, None, :]
@@ -114,8 +122,10 @@ class ChangePointPosterior:
         return table / table.sum()
 
     def marginal(self) -> np.ndarray:
-        """P(change at item i) for i = 0..N-1 (item 0 always 0)."""
-        return np.concatenate([[0.0], self.rate_marginals()[0].sum(1)])
+        """P(change at item i) for i = 0..N-1 (item 0 always 0); with ``edges``, i = 0..N (N: no
+        change within the items)."""
+        m = self.rate_marginals()[0].sum(1)
+        return m if self.edges else np.concatenate([[0.0], m])
 
     def binomial_table(self, n_requests: int) -> np.ndarray:
         """P(k | rate) for k = 0..n, one row per grid rate (cached per n)."""
@@ -128,24 +138,26 @@ class ChangePointPosterior:
     def information_gain(self, n_requests: int) -> np.ndarray:
         """Expected information (bits) about c from a probe of n requests on each item."""
         m_before, m_after = self.rate_marginals()
-        return information_gain_of(m_before[None], m_after[None], self.binomial_table(n_requests))[0]
+        return information_gain_of(m_before[None], m_after[None], self.binomial_table(n_requests),
+                                   c_first=self.c_first)[0]
 
     def information_gain_with(self, extra_n: np.ndarray, extra_k: np.ndarray,
                               n_requests: int) -> np.ndarray:
         """``information_gain`` after adding each row of (extra_n, extra_k) (shape (F, N)) to the
         counts: F hypothetical futures at once, shape (F, N)."""
         before, after = rate_marginals_of(self.rates, self.pair, self.n[None] + extra_n,
-                                          self.k[None] + extra_k)
-        return information_gain_of(before, after, self.binomial_table(n_requests))
+                                          self.k[None] + extra_k, edges=self.edges)
+        return information_gain_of(before, after, self.binomial_table(n_requests),
+                                   c_first=self.c_first)
 
 
 def rate_marginals_of(rates: np.ndarray, pair: np.ndarray, n: np.ndarray,
-                      k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                      k: np.ndarray, *, edges: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``ChangePointPosterior.rate_marginals`` for F count vectors at once: n, k of shape (F, N);
-    returns two (F, N-1, m) arrays."""
+    returns two (F, N-1, m) arrays ((F, N+1, m) with ``edges``: c = 0..N)."""
     cn = np.concatenate([np.zeros((n.shape[0], 1), n.dtype), np.cumsum(n, 1)], 1)
     ck = np.concatenate([np.zeros((k.shape[0], 1), k.dtype), np.cumsum(k, 1)], 1)
-    c = np.arange(1, n.shape[1])
+    c = np.arange(0, n.shape[1] + 1) if edges else np.arange(1, n.shape[1])
 
     def loglik(kk: np.ndarray, nn: np.ndarray) -> np.ndarray:  # (F, N-1, m), up to a constant
         return special.xlogy(kk[..., None], rates) + special.xlog1py((nn - kk)[..., None], -rates)
@@ -161,9 +173,11 @@ def rate_marginals_of(rates: np.ndarray, pair: np.ndarray, n: np.ndarray,
     return before / total, after / total
 
 
-def information_gain_of(m_before: np.ndarray, m_after: np.ndarray, lik: np.ndarray) -> np.ndarray:
+def information_gain_of(m_before: np.ndarray, m_after: np.ndarray, lik: np.ndarray, *,
+                        c_first: int = 1) -> np.ndarray:
     """Expected bits about c from one probe on each item, for F posteriors at once: the rate
-    marginals are (F, N-1, m), ``lik`` is P(k | rate) (m, n+1); returns (F, N)."""
+    marginals are (F, C, m) over c = c_first .. c_first + C - 1 (C = N-1 from 1, or N+1 from 0
+    with edges), ``lik`` is P(k | rate) (m, n+1); returns (F, N)."""
     wc = m_before.sum(2)  # P(c), (F, N-1)
     q_before, q_after = m_before @ lik, m_after @ lik  # P(c, k) by the probed item's regime
 
@@ -176,8 +190,10 @@ def information_gain_of(m_before: np.ndarray, m_after: np.ndarray, lik: np.ndarr
     def prefix(a: np.ndarray) -> np.ndarray:  # prefix[:, j] = sum over c <= j (first j rows)
         return np.concatenate([np.zeros((a.shape[0], 1) + a.shape[2:]), np.cumsum(a, axis=1)], 1)
 
-    # item j is "after" iff c <= j
-    pk = prefix(q_after) + (q_before.sum(1, keepdims=True) - prefix(q_before))
-    h_k_given_c = prefix(h_after) + (h_before.sum(1, keepdims=True) - prefix(h_before))
+    # item j is "after" iff c <= j: the first j + 1 - c_first rows of c
+    n_items = m_before.shape[1] + 2 * c_first - 1
+    cols = np.arange(n_items) + 1 - c_first
+    pk = (prefix(q_after) + (q_before.sum(1, keepdims=True) - prefix(q_before)))[:, cols]
+    h_k_given_c = (prefix(h_after) + (h_before.sum(1, keepdims=True) - prefix(h_before)))[:, cols]
     h_k = -special.xlogy(pk, pk).sum(2)
     return np.maximum(h_k - h_k_given_c, 0.0) / math.log(2)

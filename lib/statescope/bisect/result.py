@@ -29,6 +29,7 @@ class ProbeRecord:
     map_index: int
     confidence: float
     info_bits: float | None = None
+    seeds: list[int] | None = None  # the seed set the probe ran (confirmed bisection)
 
 
 @dataclass
@@ -54,9 +55,15 @@ class BisectResult:
     cost: dict = field(default_factory=dict)
     check: dict = field(default_factory=dict)
     marks: list[str] = field(default_factory=list)
+    # confirmed bisection (statescope.bisect.confirmed): outcome, answer or None, reason, items
+    outcome: dict = field(default_factory=dict)
 
     @property
     def answer(self) -> str:
+        """The answer's label; with an outcome, the outcome itself when it names no item."""
+        if self.outcome:
+            o = self.outcome
+            return f"{o['outcome']}: {o['answer']}" if o.get("answer") else o["outcome"]
         return self.labels[self.answer_index]
 
     @property
@@ -77,11 +84,15 @@ class BisectResult:
         kw["probes"] = [ProbeRecord(**p) for p in d["probes"]]
         return cls(**kw)
 
+    def hypothesis(self, index: int) -> str:
+        """The label of change location ``index``; N (the edge hypothesis) is "(none)"."""
+        return self.labels[index] if index < len(self.labels) else "(none)"
+
     def _repr_html_(self) -> str:
         e = html.escape
         rows = "".join(
             f"<tr><td>{p.step}</td><td>{e(p.label)}</td><td>{p.k}/{p.n}</td><td>{p.requests_total}"
-            f"</td><td>{e(self.labels[p.map_index])}</td><td>{p.confidence:.3f}</td></tr>"
+            f"</td><td>{e(self.hypothesis(p.map_index))}</td><td>{p.confidence:.3f}</td></tr>"
             for p in self.probes)
         return (f"<div><b>{e(self.method)} bisection ({e(self.mode)})</b>: {e(self.answer_meaning)} = "
                 f"<b>{e(self.answer)}</b>, posterior mass {self.confidence:.3f}, {self.requests_used} "
@@ -98,7 +109,9 @@ class BisectResult:
 
         z = [self.prior] + self.posteriors
         ys = list(range(len(z)))
-        fig = go.Figure(go.Heatmap(z=z, x=self.labels, y=ys, colorscale="Blues", zmin=0, zmax=1,
+        # with the edge hypotheses the last column is "no change within the items"
+        xs = self.labels + (["(none)"] if len(z[0]) == len(self.labels) + 1 else [])
+        fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Blues", zmin=0, zmax=1,
                                    colorbar={"title": "P(change here)"}))
         for failed, colour, symbol in ((True, "#c62828", "x"), (False, "#2e7d32", "circle-open")):
             ps = [p for p in self.probes if (p.k > 0) == failed]

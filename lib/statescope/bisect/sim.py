@@ -3,6 +3,9 @@
 What it does: ``FlakyOracle`` is a probe whose item i fails each request with ``rate_before`` if
 i < ``change_index``, else ``rate_after``; ``compare_methods`` measures accuracy and requests of
 Bayesian vs plain bisection over many seeds (the change location drawn per seed).
+``SeedOracle`` is a probe of the confirmed bisection (``probe(item, seeds)``) whose failures are
+deterministic per seed, as measured on the H200: a bad item fails ``fails_per_seed`` units of
+each seed in ``failing_seeds`` and none of the others; a good item fails nothing.
 
 What it deliberately does not do: stand in for real builds anywhere it is not labelled SYNTHETIC or
 SIMULATED.
@@ -37,6 +40,27 @@ class FlakyOracle:
         self.calls += 1
         rate = self.rate_before if item < self.change_index else self.rate_after
         return int(self._rng.binomial(n, rate))
+
+
+@dataclass
+class SeedOracle:
+    """Synthetic probe, deterministic per seed: items in ``bad_items`` fail ``fails_per_seed`` of
+    ``units_per_seed`` units on each seed of ``failing_seeds``, every other (item, seed) none."""
+    bad_items: frozenset
+    failing_seeds: frozenset
+    units_per_seed: int = 8
+    fails_per_seed: int = 1
+    calls: list = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.bad_items, self.failing_seeds = frozenset(self.bad_items), frozenset(self.failing_seeds)
+        self.calls = []
+
+    def __call__(self, item: int, seeds: list) -> tuple[int, int]:
+        self.calls.append((item, tuple(seeds)))
+        k = sum(self.fails_per_seed for s in seeds if s in self.failing_seeds) \
+            if item in self.bad_items else 0
+        return self.units_per_seed * len(seeds), k
 
 
 def compare_methods(*, n_items: int = 64, rate_before: float = 0.0, rate_after: float = 0.056,

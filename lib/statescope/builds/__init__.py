@@ -25,11 +25,11 @@ from statescope.builds.census import census_installed, census_for_release, insta
 from statescope.builds.install import (COMMIT_INDEX, ensure_build, find_uv, list_builds, pip_config,
                                        remove_build, uv_options)
 from statescope.builds.run import (MATRIX_COLUMNS, BuildMatrix, CellResult, build_matrix,
-                                   build_probe, plant_regression, run_cell)
+                                   build_probe, build_seed_probe, plant_regression, run_cell)
 from statescope.builds.spec import (BUILDS_ENV, LIGHT_DEPS, PATCH_SEP, REPO, Build, BuildFailed,
                                     BuildSpec, builds_dir)
 
 __all__ = ["census_installed", "census_for_release", "installed_brief", "BUILDS_ENV", "COMMIT_INDEX", "LIGHT_DEPS", "MATRIX_COLUMNS", "PATCH_SEP", "REPO", "Build",
-           "BuildFailed", "BuildMatrix", "BuildSpec", "CellResult", "build_matrix", "build_probe", "builds_dir", "ensure_build",
+           "BuildFailed", "BuildMatrix", "BuildSpec", "CellResult", "build_matrix", "build_probe", "build_seed_probe", "builds_dir", "ensure_build",
            "find_uv", "list_builds", "pip_config", "plant_regression", "remove_build", "run_cell",
            "uv_options"]

@@ -253,3 +253,27 @@ def build_probe(*, setting: str | None = None, build: BuildSpec | str | None = N
         raise InputError("build_probe(setting=...): expected the build to run the values in")
     probe.cells = []  # type: ignore[attr-defined]
     return probe
+
+
+def build_seed_probe(*, setting: str | None = None, build: BuildSpec | str | None = None,
+                     **cell_kwargs: Any) -> Callable[[Any, list], tuple[int, int]]:
+    """A probe of the confirmed bisection (``statescope.bisect.confirmed``): ``probe(item, seeds)``
+    runs one cell of ``item`` with that seed set (the preset once per seed) and returns (units,
+    failed); items as for ``build_probe``."""
+    if setting and build is None:
+        raise InputError("build_seed_probe(setting=...): expected the build to run the values in")
+    cell_kwargs.pop("seeds", None)  # the search chooses every probe's seeds
+
+    def probe(item: Any, seeds: list) -> tuple[int, int]:
+        spec = BuildSpec.parse(build if setting else item)
+        extra = dict(cell_kwargs)
+        if setting:
+            extra["trigger_set"] = {**(cell_kwargs.get("trigger_set") or {}), setting: item}
+        cell = run_cell(spec, seeds=list(seeds), **extra)
+        probe.cells.append(cell)
+        if cell.n_units == 0:
+            raise EnvironmentBroken(f"build {spec.label}: the experiment completed no units")
+        return cell.n_units, cell.n_failed
+
+    probe.cells = []  # type: ignore[attr-defined]
+    return probe

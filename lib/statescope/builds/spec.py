@@ -108,7 +108,7 @@ class BuildSpec:
 
     @property
     def planted(self) -> bool:
-        return any(p.name == "planted_regression" for p in self.patches)
+        return any(p.name in ("planted_regression", "planted_per_prompt") for p in self.patches)
 
     def with_patches(self, *names: str) -> "BuildSpec":
         return dataclasses.replace(self, patches=self.patches + tuple(parse_patch(n) for n in names))

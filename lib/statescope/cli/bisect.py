@@ -11,6 +11,13 @@ the report adds the answer checked against the probes (``statescope.bisect.answe
 X" or "none is good"), every cell with its engine starts, the wall and cell seconds, and the
 trigger arm's PATCHED / AMPLIFIED / PLANTED labels in front of the answer.
 
+The default search over builds and settings is the confirmed bisection
+(``statescope.bisect.confirmed``: endpoints first, a seed set calibrated on the known-bad end,
+seeds drawn from ``--seed-pool``, an answer confirmed on both sides or "inconclusive");
+``--search bayesian`` / ``--plain`` are the information-gain and textbook searches (their answer
+is checked by ``statescope.bisect.answer``), as is ``--simulate`` and ``--ray``.
+Exit status (``EXIT_HELP``): 0 answered, 1 inconclusive, 2 bad input.
+
 What it deliberately does not do: any search logic of its own (``statescope.bisect.search``).
 """
 from __future__ import annotations
@@ -26,6 +33,20 @@ from statescope.errors import InputError
 
 
 MIN_ITEMS = 3  # with two, a one-change model knows the answer before any probe
+EXIT_HELP = """outcomes (find-fix; find-regression mirrors them):
+  first good: X                    X probed good, its predecessor probed bad
+  none is good                     the last build fails too
+  already good at the first build  the known-bad first build never failed in
+                                   --calibration-sets disjoint seed sets
+  inconclusive                     not calibrated (no failure seen at the known-bad end before
+                                   the budget, time or seed pool ran out), or the change is
+                                   left within a range (budget, time, builds not probed)
+  (find-regression: first bad: X / already bad at the first build / none is bad)
+exit status:
+  0  answered (any outcome but inconclusive)
+  1  inconclusive, or a probe could not run where the answer needed it
+  2  bad input: an option, a build spec or a design that cannot answer
+"""
 
 
 def _simulated(text: str) -> tuple[int, int, float, float]:
@@ -79,6 +100,11 @@ def _check_cells(args: argparse.Namespace) -> None:
         raise InputError(f"--confidence {args.confidence}: expected a probability in (0, 1)")
     if args.mode not in ("regression", "fix"):
         raise InputError(f"--mode {args.mode!r}: expected 'regression' or 'fix'")
+    for flag, v in (("--calibration-sets", args.calibration_sets), ("--good-sets", args.good_sets)):
+        if v < 1:
+            raise InputError(f"{flag} {v}: expected an integer >= 1")
+    if not args.simulate:
+        _pool(args)  # a pool too small for one seed set is bad input before any probe
 
 
 def _cmd_bisect(args: argparse.Namespace) -> int:
@@ -100,7 +126,10 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         kw["requests_per_probe"] = {"episode": eps * n_seeds, "request": eps * steps * n_seeds
                                     }.get(args.unit, 1) if not args.simulate else 20
     r = bisect_on_ray(args, kw["requests_per_probe"])  # None without --ray
-    if r is not None:
+    if r is not None:  # the batched search's answer, checked in the confirmed search's words
+        from statescope.bisect.answer import checked_answer
+
+        r.check = checked_answer(r)
         return _report(r, args)
     from statescope.builds.run import cell_requests
     from statescope.progress import NullProgress, Progress
@@ -131,8 +160,21 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
     labels = [getattr(x, "label", str(x)) for x in items]
     if len(set(labels)) < len(labels):  # the same build listed twice: tell them apart by position
         labels = [f"#{i} {label}" for i, label in enumerate(labels)]
+    confirmed = args.search == "confirmed" and not args.plain and not args.simulate
+    if confirmed:  # the seeds of every probe come from the pool, not from the cell options
+        probe = _seed_probe(args, cells, items)
+        probe = _with_progress(probe, bar, cell_requests(args.preset) * _pool(args).set_size)
     with bar:
-        if args.plain:
+        if confirmed:
+            from statescope.bisect.confirmed import confirmed_bisect
+
+            r = confirmed_bisect(items, probe, mode=args.mode, pool=_pool(args),
+                                 calibration_sets=args.calibration_sets, good_sets=args.good_sets,
+                                 budget=args.budget, labels=labels,
+                                 stop_when=_time_limit(args.max_seconds, t0, probe))
+            if args.settings:
+                r.settings["axis"] = axis
+        elif args.plain:
             r = plain_bisect(items, probe, labels=labels, **kw)
         elif args.settings:
             r = bisect_settings(axis, items, probe, budget=args.budget, confidence=args.confidence, **kw)
@@ -147,6 +189,29 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
             label: build_brief(item) for label, item in zip(labels, items)}
         _live_record(r, probe.cells, time.perf_counter() - t0)
     return _report(r, args)
+
+
+def _pool(args: argparse.Namespace):
+    """The seed pool of the confirmed search: ``--seed-pool``, sets of len(--seeds) seeds (3 by
+    default), the first set ``--seeds`` when given, the order shuffled by ``--seed``."""
+    from statescope.bisect.seeds import DEFAULT_SET_SIZE, SeedPool
+    from statescope.workload.episodes import parse_seeds
+
+    if getattr(args, "_seed_pool", None) is None:
+        first = parse_seeds(args.cell_seeds) if args.cell_seeds else None
+        pool = parse_seeds(args.seed_pool)
+        args._seed_pool = SeedPool(pool, len(first) if first else DEFAULT_SET_SIZE,
+                                   rng_seed=args.seed, first=first)
+    return args._seed_pool
+
+
+def _seed_probe(args: argparse.Namespace, cells: dict, items: list):
+    from statescope import builds
+
+    if args.settings:
+        return builds.build_seed_probe(setting=args.settings.partition("=")[0], build=args.build,
+                                       **cells)
+    return builds.build_seed_probe(**cells)
 
 
 def _time_limit(max_seconds: float | None, t0: float, probe: Any):
@@ -179,7 +244,17 @@ def _live_record(r, cells: list, wall_s: float) -> None:
               "cell_seconds": round(sum(c.seconds for c in cells), 1),
               "wall_seconds": round(wall_s, 1)}
     r.marks = sorted({l for c in cells for l in c.labels})
-    r.check = checked_answer(r)
+    if not r.outcome:  # the confirmed search states its own outcome
+        r.check = checked_answer(r)
+
+
+def _exit_status(r) -> int:
+    """0 answered, 1 inconclusive (``EXIT_HELP``)."""
+    if r.outcome:
+        return int(r.outcome["exit_status"])
+    if r.check:
+        return 1 if r.check.get("outcome", "inconclusive") == "inconclusive" else 0
+    return 0 if r.stopped == "confident" or r.method == "plain" else 1
 
 
 def _report(r, args: argparse.Namespace) -> int:
@@ -187,12 +262,18 @@ def _report(r, args: argparse.Namespace) -> int:
         print(json.dumps(r.to_dict(), indent=2))
     else:
         for p in r.probes:
-            print(f"probe {p.step:>3}: {p.label:<40} {p.k}/{p.n} failed -> most likely "
-                  f"{r.labels[p.map_index]} ({p.confidence:.3f})")
+            seeds = f" seeds {','.join(map(str, p.seeds))}" if p.seeds else ""
+            print(f"probe {p.step:>3}: {p.label:<40} {p.k}/{p.n} failed{seeds} -> most likely "
+                  f"{r.hypothesis(p.map_index)} ({p.confidence:.3f})")
         marks = "".join(f"{m}\n" for m in r.marks)
-        print(f"{marks}{r.answer_meaning}: {r.answer} (posterior mass {r.confidence:.3f}, "
-              f"{r.requests_used} requests, stopped: {r.stopped})")
-        if r.check:
+        if r.outcome:
+            o = r.outcome
+            print(f"{marks}outcome: {r.answer} ({o['reason']}; {r.requests_used} units in "
+                  f"{len(r.probes)} probes, calibrated seeds: {o['calibrated_seeds']})")
+        else:
+            print(f"{marks}{r.answer_meaning}: {r.answer} (posterior mass {r.confidence:.3f}, "
+                  f"{r.requests_used} requests, stopped: {r.stopped})")
+        if r.check and not r.outcome:
             print(("AMPLIFIED: " if any("AMPLIFIED" in m for m in r.marks) else
                    "PATCHED: " if any("PATCHED" in m for m in r.marks) else "")
                   + f"{r.check['verdict']} (before {r.check['before']}, from it on "
@@ -206,7 +287,7 @@ def _report(r, args: argparse.Namespace) -> int:
             print(f"skipped {name}: {why}")
         for label, brief in r.census.items():
             print(f"census {label}: {brief or 'no installed environment'}")
-    return 0
+    return _exit_status(r)
 
 
 def _with_progress(probe: Any, bar: Any, requests_per_cell: int) -> Any:
@@ -233,7 +314,8 @@ def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``statescope bisect`` (builds, one setting axis, or a synthetic oracle)."""
     from statescope.cli.builds import add_cell_arguments
 
-    p = subparsers.add_parser("bisect", help="Bayesian bisection for where failures start (or stop)")
+    p = subparsers.add_parser("bisect", help="bisection for where failures start (or stop)",
+                              epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--builds", nargs="+", metavar="SPEC", help="ordered build specs")
     what.add_argument("--settings", metavar="AXIS=V1,V2,...", help="ordered values of one "
@@ -252,7 +334,20 @@ def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plant-from", type=int, default=None,
                    help="PLANTED regression: add the planted_regression patch from this build on")
     p.add_argument("--plain", action="store_true", help="plain bisection (>= 1 failure = bad)")
-    p.add_argument("--seed", type=int, default=0, help="with --simulate")
+    p.add_argument("--search", default="confirmed", choices=("confirmed", "bayesian"),
+                   help="confirmed (default: endpoints first, calibrated seeds, an answer probed "
+                        "on both sides) or bayesian (information gain, no confirmation rule)")
+    p.add_argument("--seed-pool", default="0:48", metavar="A:B",
+                   help="confirmed search: the seeds probes draw from (shuffled by --seed; "
+                        "sets of len(--seeds) seeds, 3 by default, the first set --seeds)")
+    p.add_argument("--calibration-sets", type=int, default=4,
+                   help="confirmed search: clean seed sets at the known-bad end before it "
+                        "answers 'already good at the first build' / 'none is bad'")
+    p.add_argument("--good-sets", type=int, default=2,
+                   help="confirmed search: clean seed sets (the calibrated one first) that make "
+                        "a build good")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --simulate: the oracle's seed; else the seed pool's shuffle")
     add_cell_arguments(p)
     add_cluster_arguments(p, matrix=False)
     p.set_defaults(func=_cmd_bisect)

@@ -24,7 +24,9 @@ request has already produced ``at_output_token`` tokens. Kinds:
 Requests are selected by ``prompt_shas`` (``capture_spec.prompt_sha`` of the prompt token ids), by
 ``req_ids`` (vLLM request ids, matched whole or by the part before the random ``-suffix``), or else
 by a seeded hash of the id's counter part (``rate``; the random suffix is left out so a re-run of
-a cell plants the same requests). Every planted fault is kept in
+a cell plants the same requests); with ``by_prompt`` the seeded hash is of the prompt token ids,
+so the fault is deterministic per workload (a workload seed fails the same requests in any cell
+and at any position, as the H200's failures do). Every planted fault is kept in
 ``spec.planted`` and logged to ``<out>/faults.jsonl`` when ``out`` is set, so results can be
 labelled as planted.
 
@@ -63,6 +65,7 @@ class FaultSpec:
     prompt_shas: list[str] | None = None  # select by prompt (``capture_spec.prompt_sha``)
     row: int = 0  # perturb_conv_row: row of the live window (0 = leading/oldest)
     delta: float = 1.0  # perturb_conv_row: added to every channel of that row
+    by_prompt: bool = False  # ``rate`` selection hashes the prompt ids, not the request counter
     planted: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,7 +91,10 @@ class FaultSpec:
         # vLLM's offline ids are "<counter>-<random suffix>": hash the counter, so a re-run of
         # the same cell plants the same requests (server ids have no counter: hash them whole).
         counter = req_id.split("-", 1)[0]
-        digest = hashlib.sha256(f"{self.seed}:{counter if counter.isdigit() else req_id}".encode()).digest()
+        key = counter if counter.isdigit() else req_id
+        if self.by_prompt:
+            key = hashlib.sha256(repr(list(prompt_token_ids or [])).encode()).hexdigest()
+        digest = hashlib.sha256(f"{self.seed}:{key}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < self.rate
 
     def done(self, req_id: str) -> bool:
@@ -121,7 +127,8 @@ def spec_from_env() -> FaultSpec | None:
         return FaultSpec(**json.loads(raw))
     except (TypeError, json.JSONDecodeError) as exc:
         raise InputError(f"{FAULT_ENV}: expected a JSON object with fields kind, rate, "
-                         f"at_output_token, layers, seed, out, req_ids, prompt_shas ({exc})") from exc
+                         f"at_output_token, layers, seed, out, req_ids, prompt_shas, by_prompt "
+                         f"({exc})") from exc
 
 
 def gdn_layers(runner) -> list[tuple[int, str]]:

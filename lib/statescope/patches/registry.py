@@ -18,7 +18,10 @@ requests);
   real releases can see the upstream fix that CPU memmove copies never need;
 - ``planted_regression``: a planted fault (NaN conv state, ``statescope.patches.faults``) in a share of the
   trigger arm's requests, used to plant a regression "from a chosen build on" and always labelled
-  PLANTED.
+  PLANTED;
+- ``planted_per_prompt[=RATE]``: the same fault in the trigger requests whose prompt (token ids)
+  hashes below RATE: deterministic per workload seed, wherever the seed sits in a cell's trace
+  (the failure pattern measured on the H200), for testing bisections' seed choice.
 
 Every patch applies to the trigger arm only (``statescope.verdict.reproduce`` installs the
 process-wide ones -- ``overlap_safe_copy``, ``accept_sync``, ``amplify_accept_race`` -- for the
@@ -41,7 +44,10 @@ PATCHES = {
     "cpu_kernels:barrierless_tiles": "EMULATED H-copy race: CPU fused copies as barrier-less tiles",
     "cpu_kernels:release_gpu_order": "EMULATED: CPU fused copies ordered as this release's GPU kernel",
     "planted_regression": "PLANTED REGRESSION: NaN conv state planted in a share of trigger requests",
+    "planted_per_prompt": "PLANTED REGRESSION: NaN conv state planted in the trigger requests of "
+                          "some prompts (deterministic per workload seed)",
 }
+PLANTED_PATCHES = ("planted_regression", "planted_per_prompt")
 PLANTED_RATE = 0.3  # default share of trigger requests that get the planted fault
 
 
@@ -65,12 +71,12 @@ def parse_patch(text: str) -> Patch:
     if name not in PATCHES:
         raise InputError(f"build patch {text!r}: expected one of {sorted(PATCHES)} "
                          "(optionally NAME=OPTION)")
-    if sep and name == "planted_regression":
+    if sep and name in PLANTED_PATCHES:
         try:
             if not 0 < float(option) <= 1:
                 raise ValueError
         except ValueError:
-            raise InputError(f"build patch {text!r}: expected planted_regression=RATE with "
+            raise InputError(f"build patch {text!r}: expected {name}=RATE with "
                              "0 < RATE <= 1") from None
     elif sep and name == "amplify_accept_race":
         from statescope.patches.accept_race_amplifier import MODES
@@ -104,8 +110,9 @@ def apply_patches(patches: list[Patch], trigger, *, seed: int = 0) -> list[str]:
             accept_race_amplifier.install(p.option or "early")
         elif p.name.startswith("cpu_kernels:"):
             trigger.copy_semantics = p.name.split(":", 1)[1]
-        elif p.name == "planted_regression":
+        elif p.name in PLANTED_PATCHES:
             rate = float(p.option) if p.option else PLANTED_RATE
+            per_prompt = p.name == "planted_per_prompt"  # one fault hash for every cell
             trigger.fault = FaultSpec(kind="nan_conv", rate=rate, at_output_token=2, layers=[0],
-                                      seed=seed)
+                                      seed=0 if per_prompt else seed, by_prompt=per_prompt)
     return [p.label for p in patches]
