@@ -25,9 +25,17 @@ format, grouping, replay mode, counts, model, the concurrency the log's timestam
 * Request metadata kept per step: ``request_id``, ``arrival_s`` (from the first request),
   ``temperature`` (replays are greedy: the manifest counts non-zero ones), ``log_line``.
 
+* Request fields: kept (sent on replay), normalised or refused, per
+  ``statescope.workload.request_fields``; the manifest's ``fields`` counts them. Lines logged
+  with ``status`` >= 400 are skipped and counted. Images come only from the log's folder and
+  ``allow_roots`` (``statescope.workload.images``); ``drop_images`` leaves them out, counted.
+  Caps: one image, one line (read no further than the cap) and the trace written.
+
 Bad input raises one ``InputError`` naming the file, line and field: not JSON, no ``messages``, an
-image that is neither a data URL nor a readable file, a model different from the first line's
-(mixed models), a missing id field when grouping by one. Nothing is written on error.
+image that is neither a data URL nor an allowed image file, a model different from the first
+line's (mixed models), a missing id field when grouping by one, a refused field, a lone
+surrogate, nesting deeper than ``MAX_DEPTH``, a request id on two lines, one episode id on two
+conversations, a cap exceeded. Nothing is written on error.
 
 What it deliberately does not do: contact any server, replay arrival times (a replay keeps the
 order and bounds the concurrency by what the log shows), or keep responses that a log may carry.
