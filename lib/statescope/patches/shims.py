@@ -60,8 +60,23 @@ def apply() -> bool:
     for name in _BLOCKED_MODULES:
         # None makes `import` raise ImportError and `find_spec` return None: "not installed".
         sys.modules.setdefault(name, None)
+    _forget_cached_probes()
     _state["applied"] = True
     return True
+
+
+def _forget_cached_probes() -> None:
+    """transformers caches ``is_torchaudio_available()`` (lru_cache); a probe made before torch
+    loaded (it needs only ``find_spec``) said "installed" and would later import the blocked
+    module. Clear those caches so the next probe sees the shim."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    if utils is None:
+        return
+    for attr in dir(utils):
+        if attr.startswith(("is_torchaudio", "is_torchcodec")):
+            clear = getattr(getattr(utils, attr), "cache_clear", None)
+            if callable(clear):
+                clear()
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
