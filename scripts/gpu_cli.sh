@@ -14,6 +14,10 @@
 #   bash scripts/gpu_cli.sh v2capture VERSION            # capture on Model Runner V2: trigger vs
 #                                                        # async-off reference, census, continuity,
 #                                                        # diverge, V2 capture overhead; packed
+#   bash scripts/gpu_cli.sh minimal [VERSION]            # issue 30 on a V1 release (default 0.28.0):
+#                                                        #   pooled verdict, shrink + plain-vLLM
+#                                                        #   script, capture + continuity, nb 04 06
+#   bash scripts/gpu_cli.sh pack_minimal [VERSION]       # pack what `minimal` wrote so far
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
@@ -294,6 +298,52 @@ campaign() {  # DEADLINE_S: everything of one device call side by side, then pac
   tail -n 40 "$SS"/logs/*.log | cut -c1-220
 }
 
+minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28.0: V1 + async):
+  # the pooled verdict over three seed sets, the shrink of seeds 48:60 to a minimal workload, its
+  # plain-vLLM script run as the maintainer would (3x as exported, async off, V2), the capture of
+  # the failing seed set with continuity; notebooks 04 06 and the CUDA checks beside them
+  local v=${1:-0.28.0}; local M="$SS/$v/minimal"
+  mkdir -p "$M" "$SS/logs"
+  ( bash "$0" setup "$v" > "$SS/logs/setup.log" 2>&1
+    SS_TIMEOUT=1200 ss render_gpu "$v" render 04_where_state_diverges 06_hypotheses \
+      --out "$SS/$v/gallery-gpu" --no-png --json
+    SS_RELEASE=$v cuda_checks > "$SS/logs/cuda.log" 2>&1 ) &
+  SS_JOBDIR="$M" bg ss pooled "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds 48:84 \
+    --seed-sets 3 --control no_async --runs "$M/runs" --run-id pooled --json
+  capture_pair() {
+    SS_JOBDIR="$M" ss capture_trigger "$v" capture --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+      --out "$M/cap/trigger" --json
+    SS_JOBDIR="$M" ss capture_reference "$v" capture --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+      --set async_scheduling=false --out "$M/cap/reference" --json
+    local t r; t=$(ls -d "$M"/cap/trigger/*/ | head -1); r=$(ls -d "$M"/cap/reference/*/ | head -1)
+    SS_JOBDIR="$M" ss continuity "$v" continuity "$t" --json
+    SS_JOBDIR="$M" ss census "$v" census "$t" --json
+    SS_JOBDIR="$M" ss diverge "$v" diverge "$t" --reference "$r" --json
+  }
+  bg capture_pair
+  shrink_chain() {
+    SS_TIMEOUT=1500 SS_JOBDIR="$M" ss shrink "$v" shrink --model "$MODEL" --preset "$PRESET" \
+      --seeds 48:60 --control no_async --keep-failing 3 --out "$M/shrink" --json
+    SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
+    local i; for i in 1 2 3; do
+      ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py > "as_exported_$i.log" 2>&1; echo "rc=$?" >> "as_exported_$i.log" )
+    done
+    ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py --set async_scheduling=false > async_off.log 2>&1; echo "rc=$?" >> async_off.log )
+    ( activate "$v" && cd "$M/repro" && VLLM_USE_V2_MODEL_RUNNER=1 timeout 600 "$PY" repro.py > v2.log 2>&1; echo "rc=$?" >> v2.log )
+  }
+  bg shrink_chain
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+}
+
+pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call while it runs)
+  local v=${1:-0.28.0}
+  pack minimal "$SS/$v/minimal"
+  tar czf "$OUT/gallery.tar.gz" -C "$SS" "$v/gallery-gpu" "$v/cuda" logs commands.txt 2>/dev/null
+  ls -la "$OUT"; tail -n 5 "$SS"/logs/*.log 2>/dev/null | cut -c1-200
+  for f in "$SS/$v"/minimal/*/rc; do echo "$f: $(cat "$f")"; done
+}
+
 case "${1:-}" in
   campaign) shift; campaign "$@" ;;
   env) shift; echo ". /tmp/vllm-$1/env.sh; export PYTHONPATH=$REPO/lib:\$PYTHONPATH" ;;
@@ -308,5 +358,7 @@ case "${1:-}" in
   bisect_live) shift; bisect_live "$@" ;;
   v2capture) shift; v2capture "$@" ;;
   pack) shift; pack "$@" ;;
+  minimal) shift; minimal "$@" ;;
+  pack_minimal) shift; pack_minimal "$@" ;;
   *) sed -n 2,24p "$0"; exit 2 ;;
 esac
