@@ -315,7 +315,9 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
       --out "$M/cap/trigger" --json
     SS_JOBDIR="$M" ss capture_reference "$v" capture --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
       --set async_scheduling=false --out "$M/cap/reference" --json
-    local t r; t=$(ls -d "$M"/cap/trigger/*/ | head -1); r=$(ls -d "$M"/cap/reference/*/ | head -1)
+    local t r  # the capture run folder (OUT/records/ holds the answers, not a capture)
+    t=$(dirname "$(ls "$M"/cap/trigger/*/manifest.json | head -1)")
+    r=$(dirname "$(ls "$M"/cap/reference/*/manifest.json | head -1)")
     SS_JOBDIR="$M" ss continuity "$v" continuity "$t" --json
     SS_JOBDIR="$M" ss census "$v" census "$t" --json
     SS_JOBDIR="$M" ss diverge "$v" diverge "$t" --reference "$r" --json
@@ -331,7 +333,7 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
     ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py --set async_scheduling=false > async_off.log 2>&1; echo "rc=$?" >> async_off.log )
     ( activate "$v" && cd "$M/repro" && VLLM_USE_V2_MODEL_RUNNER=1 timeout 600 "$PY" repro.py > v2.log 2>&1; echo "rc=$?" >> v2.log )
   }
-  bg shrink_chain
+  [ "${SS_NO_SHRINK:-0}" = 1 ] || bg shrink_chain
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
 }
