@@ -212,7 +212,9 @@ def test_a_refused_manifest_write_leaves_no_temp_file(tmp_path, monkeypatch):
 
 
 def test_the_cli_says_a_full_disk_in_one_line(small_disk, capsys, monkeypatch):
-    from statescope.cli import main as cli
+    import importlib
+
+    cli = importlib.import_module("statescope.cli.main")  # the module (``statescope.cli.main`` is the function)
 
     def fill(args):
         with ResultsStore(small_disk, "cli") as store:
