@@ -89,6 +89,9 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
 
 def main() -> None:
     n, limit_mib = int(sys.argv[1]), int(sys.argv[2])
+    # what the imports already hold (it depends on what the parent's sys.path brings along): the
+    # decoder's own peak is measured above it
+    baseline_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     cap = _vm_bytes() + limit_mib * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     rng = random.Random(33)
@@ -128,6 +131,7 @@ def main() -> None:
     print(json.dumps({"cases": len(cases), **outcomes, "examples": unexpected,
                       "huge_header": huge_header, "seconds": round(time.perf_counter() - t0, 2),
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "baseline_rss_mib": baseline_mib,
                       "as_limit_mib": cap / 2**20}))
 
 

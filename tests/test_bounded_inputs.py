@@ -47,7 +47,9 @@ def test_spool_fuzz_gives_no_traceback_and_bounded_memory():
     assert out["unexpected"] == 0, "\n".join(out["examples"])
     assert out["cases"] >= 20_000 and out["refused"] > 5_000 and out["input_error"] > 100, out
     assert out["seconds"] <= 60 and time.perf_counter() - t0 < 180, out  # incl. torch's import
-    assert out["peak_rss_mib"] < 700, out  # torch and numpy alone are ~230 MiB
+    # the decoder's own growth above the imports (torch and numpy alone are ~230 MiB; a parent whose
+    # sys.path brought more along measured 830 MiB before any case ran)
+    assert out["peak_rss_mib"] - out["baseline_rss_mib"] < 300, out
     assert "claims 4611686018427387904 bytes" in out["huge_header"], out["huge_header"]
 
 
