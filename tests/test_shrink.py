@@ -3,7 +3,10 @@ fires for one request only (a NaN conv window, selected by the prompt sha of epi
 step): the shrink must find exactly that request, a re-run with the same folder must answer from
 its log without an engine, and the exported plain-vLLM script, run in a clean interpreter (no
 PYTHONPATH), must print CORRUPTED for it with the fault planted and CLEAN without. Bad input
-(exit 2) needs no engine.
+(exit 2) needs no engine. Without an engine too (a stand-in runner, recorded answers): a
+candidate fails exactly when ``reproduce``'s labelling fails a request (invalid action,
+repetition loop, confident flip; not a near-tie flip), and the exported script embeds that
+labelling.
 """
 from __future__ import annotations
 
@@ -135,7 +138,8 @@ def test_a_failure_that_does_not_reproduce_exits_0(tmp_path, capsys):
     assert main(["shrink", str(path), "--control", "same", "--fault-spec", json.dumps(fault),
                  "--out", str(tmp_path / "s"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["reproduced"] is False and doc["engine_runs"] == 1 and "minimal" not in doc
+    # the confirm alone: the control's answers it is judged against, and one trigger run
+    assert doc["reproduced"] is False and doc["engine_runs"] == 2 and "minimal" not in doc
 
 
 def test_export_writes_a_plain_script_without_an_engine(tmp_path, capsys):
@@ -232,3 +236,191 @@ def test_search_finds_a_request_and_its_batch_partner_without_engines():
     assert "arrival order does not matter" in text
     assert runner.engine_runs <= 40
     assert all(t["failed"] in (True, False) and "removed" in t for t in search.trials)
+
+
+# --- issue 30: the shrink judges a candidate as reproduce labels requests (no engine) ---------
+
+CONTROL_ANSWER = "click(id=4)"
+# the trigger's answer to e1 step 1, each failing for one reason only (the control answers every
+# request with CONTROL_ANSWER; its margins are near ties except where a case says confident)
+CASES = {
+    "invalid_action": ("click(id=)", [4, 7, 9], False),
+    "repetition_loop": ("click(id=4)", [5, 6] * 8, False),  # the tokens loop; a valid action
+    "confident_flip": ("click(id=9)", [4, 9], True),
+    "near_tie_flip": ("click(id=9)", [4, 9], False),  # differs at a near tie: not a failure
+}
+
+
+class FakeEngineRunner:
+    """An in-process runner's face for ``run_workload``: ``answer(is_control, episode, step)`` by
+    the last user turn ('eN turnK ...'); the control arm is the one with async scheduling off."""
+
+    def __init__(self, config, answer):
+        from statescope.patches.device_profiles import DeviceProfile
+
+        self.config, self.answer = config, answer
+        self.engine = type("E", (), {"engine_args": {"model": "/m"},
+                                     "profile": DeviceProfile("test", patches=())})()
+
+    def generate(self, prompts, *, max_tokens):
+        from statescope.engine.offline import RequestRecord
+
+        out = []
+        for i, messages in enumerate(prompts):
+            episode, turn = messages[-1]["content"].split(" ")[:2]
+            text, ids, margin = self.answer(self.config.async_scheduling is False, episode,
+                                            int(turn[4:]))
+            out.append(RequestRecord(f"r{i}", [1, 2, 3], list(ids), text, 0, "stop",
+                                     [0.0] * len(ids), [margin] * len(ids)))
+        return out
+
+    def resolved(self):
+        return {}
+
+
+class FakePool:
+    def __init__(self, answer):
+        self.answer, self.starts, self.config = answer, 0, None
+
+    def get(self, config):
+        if config != self.config:
+            self.starts, self.config = self.starts + 1, config
+        return FakeEngineRunner(config, self.answer)
+
+    def close(self):
+        pass
+
+
+def _runner(tmp_path, monkeypatch, case, **kw):
+    from statescope.engine import offline
+    from statescope.verdict import shrink_run
+    from statescope.verdict.reproduce import standard_arms
+
+    monkeypatch.setattr(offline, "import_vllm", lambda: None)
+    monkeypatch.setattr(shrink_run, "prepare_offline_arm", lambda arm, out: None)
+    text, ids, confident = CASES[case]
+
+    def answer(is_control, episode, step):
+        here = (episode, step) == ("e1", 1)
+        if is_control:  # confident or a near tie where the trigger differs
+            return CONTROL_ANSWER, [4, 7], 2.0 if here and confident else 0.05
+        return (text, ids, 0.5) if here else (CONTROL_ANSWER, [4, 7], 0.5)
+
+    trigger, control = standard_arms("no_async")
+    runner = shrink_run.CandidateRunner(trigger, control, tmp_path / "s", keep_failing=2,
+                                        say=lambda _: None, **kw)
+    runner.pool = FakePool(answer)
+    return runner
+
+
+def _fake_trace():
+    from statescope.workload.trace import TraceStep
+
+    return [TraceStep(f"e{e}", s, None, f"e{e} turn{s} pad", 16)
+            for e in range(3) for s in range(2)]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_candidate_fails_exactly_when_reproduce_labels_a_request_failed(tmp_path, monkeypatch,
+                                                                          case):
+    """Issue 30: the shrink's confirm run was clean where reproduce failed 6/96 — it counted only
+    empty / '!' / punctuation runs. A candidate whose only failure is an invalid action, a
+    repetition loop or a confident flip from the control must fail in the shrink as it does in
+    reproduce's labelling (one function, ``detect.label_requests``); a near-tie flip fails in
+    neither."""
+    from statescope.verdict import shrink_run
+    from statescope.verdict.reproduce import (ArmRun, choose_action_validator, label_rows,
+                                              standard_arms)
+
+    runner = _runner(tmp_path, monkeypatch, case)
+    workload_from_trace = shrink_run.workload_from_trace
+    start = workload_from_trace(_fake_trace())
+    entry = runner.evaluate(start, "confirm", {}, 1, strict=False)
+    expected = [] if case == "near_tie_flip" else [["e1", 1]]
+    assert entry["trigger_failures"] == [expected] and entry["failed"] is bool(expected)
+    assert entry["labelling"]["action_syntax"] is True  # the control speaks the language
+    assert entry["engine_runs"] == 2  # the control's answers (kept), then the trigger run
+
+    # reproduce's labelling of the same answers, through its own entry point
+    trigger, control = standard_arms("no_async")
+    t_run = shrink_run.run_workload(trigger, start, runner.pool, tmp_path / "t")
+    c_run = shrink_run.run_workload(control, start, runner.pool, tmp_path / "c")
+    validator = choose_action_validator(r["text"] for r in c_run["rows"])
+    labels = label_rows(ArmRun(trigger, t_run["rows"], {}, {}),
+                        ArmRun(control, c_run["rows"], {}, {}), action_validator=validator)
+    assert [[l["episode"], l["step"]] for l in labels if l["failed"]] == expected
+    if expected:  # failing for that reason alone, in both
+        bad = next(l for l in labels if l["failed"])
+        assert bad["reasons"] == ([] if case == "confident_flip" else [case])
+        row = next(r for r in runner.done[entry["key"]]["trigger_run"]["rows"] if r["symptoms"])
+        assert row["symptoms"] == [case]
+
+    # a later candidate reuses the control's answers: one trigger run, no control run
+    fewer = start.only({"e1", "e2"})
+    again = runner.evaluate(fewer, "episodes", {"episodes": ["e0"]}, 2, strict=False)
+    assert again["engine_runs"] == 1 and again["failed"] is bool(expected)
+    # strict: the control runs the candidate itself, then K trigger runs against it
+    strict = runner.evaluate(fewer, "verify", {}, 3, strict=True)
+    assert strict["failed"] is bool(expected) and strict["control_failures"] == []
+    assert strict["engine_runs"] == (3 if expected else 2)
+    if expected:
+        rows = strict["control_run"]["rows"]
+        assert all(r["margins"] is not None for r in rows)  # export-repro judges flips by them
+
+
+def test_a_log_of_the_symptom_only_rule_is_not_reused(tmp_path, monkeypatch):
+    """A candidates.jsonl written before the labelling changed must not answer for this rule."""
+    from statescope.verdict.shrink_run import workload_from_trace
+
+    runner = _runner(tmp_path, monkeypatch, "confident_flip")
+    start = workload_from_trace(_fake_trace())
+    old = {"key": "old-key", "failed": False}
+    (tmp_path / "s" / "candidates.jsonl").write_text(json.dumps(old) + "\n")
+    assert runner.key(start, False) != "old-key"
+    assert runner.evaluate(start, "confirm", {}, 1, strict=False)["failed"] is True
+
+
+def test_the_exported_script_judges_with_reproduces_labelling(tmp_path, capsys):
+    """export-repro embeds reproduce's labelling (the source of ``detect.label_requests``), so a
+    minimal workload whose failure is a confident flip is judged CORRUPTED by the script too, a
+    near-tie difference is not, and the script says which rule it applies."""
+    import inspect
+    import runpy
+
+    from statescope.verdict import detect
+
+    run = {"engine_args": {"model": "/m"}, "engine_env": {}, "max_tokens": 8,
+           "resolved": {"vllm_version": "0.26.0", "runner_version": "V1"},
+           "rows": [{"episode": "a", "step": 0, "wave": 0, "prompt_token_ids": [1],
+                     "output_token_ids": [4, 9], "text": "click(id=9)", "finish_reason": "stop",
+                     "symptoms": ["confident_flip"]},
+                    {"episode": "b", "step": 0, "wave": 0, "prompt_token_ids": [2],
+                     "output_token_ids": [4, 9], "text": "click(id=9)", "finish_reason": "stop",
+                     "symptoms": []}]}
+    control = {"rows": [dict(run["rows"][0], output_token_ids=[4, 7], margins=[3.0, 2.0]),
+                        dict(run["rows"][1], output_token_ids=[4, 7], margins=[3.0, 0.01])]}
+    entry = {"key": "k1", "n_requests": 2, "trigger_run": run, "control_run": control,
+             "labelling": {"action_syntax": True}}
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "candidates.jsonl").write_text(json.dumps(entry) + "\n")
+    (tmp_path / "s" / "result.json").write_text(json.dumps(
+        {"reproduced": True, "final_key": "k1", "original": {"n_requests": 96}, "engine_runs": 9}))
+    assert main(["export-repro", str(tmp_path / "s"), "--out", str(tmp_path / "r"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["failing"] == ["a step 0"]
+    script = (tmp_path / "r" / "repro.py").read_text()
+    assert inspect.getsource(detect.label_requests) in script
+    assert inspect.getsource(detect.classify_output) in script
+    ns = runpy.run_path(str(tmp_path / "r" / "repro.py"), run_name="repro_under_test")
+    answers = [{k: r[k] for k in ("episode", "step", "text", "output_token_ids", "finish_reason")}
+               for r in run["rows"]]
+    got = ns["judge"](answers)
+    assert [l["failed"] for l in got] == [True, False]
+    assert [l["flip"] for l in got] == ["confident_flip", "near_tie_flip"]
+    ctl = {(r["episode"], r["step"]): r for r in control["rows"]}
+    assert got == detect.label_requests(answers, ctl, action_validator=ns["is_valid_action"])
+    invalid = dict(answers[1], text="click(id=)")  # action syntax graded, as the shrink decided
+    assert ns["judge"]([invalid])[0]["reasons"] == ["invalid_action"]
+    assert "reproduce" in ns["rule"]() and "confident" in ns["rule"]()
+    assert "CORRUPTED" not in ns["rule"]()
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert "statescope reproduce" in readme and "confident" in readme

@@ -7,10 +7,18 @@ token ids in their recorded order and batching (one ``generate`` call per wave: 
 every episode together, as the shrink ran them), greedy sampling; it prints ``CORRUPTED`` or
 ``CLEAN`` per request and exits 1 when any request is corrupted, 0 otherwise.
 
-Detection is self-contained and by degenerate output only (what the shrink counted): an empty
-answer, a run of >= 4 ``!`` characters or of token 0, or a run of >= 8 punctuation characters. The
-control arm's answers are recorded in the script and printed beside (``same as control`` or not)
-as information: a near-tie difference is not a corruption.
+Judging is ``reproduce``'s rule, the very code: the script embeds the source of
+``statescope.verdict.detect.label_requests`` and what it calls (``classify_output``,
+``compare_to_control``; ``statescope.workload.guilang.parse_action`` for action syntax), read with
+``inspect`` when the script is written (``judge_source``), so the script, the shrink and every
+verdict cannot drift apart. A request is corrupted when its answer is degenerate (empty, an
+immediate end, a run of ``!``/token 0 or of punctuation, a repetition loop, and an invalid action
+when the shrink graded action syntax: ``ACTION_SYNTAX``, decided as ``reproduce`` decides it), or
+when it is the first step of its episode whose answer differs from the control's recorded answer
+to the same prompt at a position where the control was confident (margin above the near-tie
+threshold; the control's margins are recorded in the script). The script prints that rule first.
+A control answer recorded without margins (a shrink log from before the margins were kept) is not
+compared: such a script judges degenerate answers only, and says so.
 
 What it deliberately does not do: plant anything. A shrink that needed a planted fault says so in
 the README (``PLANTED``): the script then reproduces only with ``STATESCOPE_FAULT`` set, which the
@@ -37,40 +45,65 @@ request(s) in {n_waves} batch(es) (one generate() call per batch, in this order)
 arm's engine arguments and greedy sampling; prints CORRUPTED / CLEAN per request and exits 1 when
 any request is corrupted, 0 otherwise.
 
-Corrupted means a degenerate answer: empty, a run of >= 4 '!' characters or token 0, or a run of
->= 8 punctuation characters. The control arm's answers are shown beside, as information only.
+Corrupted is judged as `statescope reproduce` labels a request, by its own functions (embedded
+below, unchanged): a degenerate answer (empty, an immediate end, a run of >= 4 '!' characters or
+token 0, a run of >= 8 punctuation characters, a repetition loop, an invalid GUI action when
+ACTION_SYNTAX is true), or the first step of an episode whose answer differs from the control
+arm's recorded answer to the same prompt where the control was confident (top-1 minus top-2
+logprob above 0.1 nats; a near-tie difference is not a corruption).
 """
+from __future__ import annotations
+
 import json
+import math
 import os
-import string
+import re
 import sys
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
 
 ENGINE_ARGS = json.loads({engine_args!r})
 ENGINE_ENV = json.loads({engine_env!r})
-# waves: lists of {{"episode", "step", "prompt_token_ids", "trigger_symptoms", "control_output"}}
+# waves: lists of {{"episode", "step", "prompt_token_ids", "trigger_symptoms", "control_output",
+# "control_margins"}} (the control's answer and margins only where it answered the same prompt)
 WAVES = json.loads({waves!r})
 MAX_TOKENS = {max_tokens}
 LOGPROBS = 2  # as the shrink ran (does not change the greedy tokens)
 PLANTED = {planted!r}  # a planted fault the failure needs (read by the statescope plugin), or None
+# invalid GUI actions count: the shrink's decision ({action_note})
+ACTION_SYNTAX = {action_syntax!r}
 
 
-def longest_run(items, is_member):
-    best = cur = 0
-    for item in items:
-        cur = cur + 1 if is_member(item) else 0
-        best = max(best, cur)
-    return best
+class InputError(ValueError):
+    """What the embedded functions raise on malformed input."""
 
 
-def symptoms(text, token_ids):
-    out = []
-    if not text.strip() or not token_ids:
-        out.append("empty")
-    if longest_run(text, lambda c: c == "!") >= 4 or longest_run(token_ids, lambda t: t == 0) >= 4:
-        out.append("bang_run")
-    if longest_run(text, lambda c: c in string.punctuation) >= 8:
-        out.append("punct_run")
-    return out
+# ---- statescope's labelling, embedded by export-repro (statescope.verdict.detect and
+# statescope.workload.guilang, unchanged) ----
+{judge}
+# ---- end of statescope's labelling ----
+
+
+def judge(results):
+    """The labels `statescope reproduce` gives these answers: label_requests above, against the
+    control's recorded answer to the same prompt (where its margins were recorded)."""
+    control = {{(r["episode"], r["step"]): {{"output_token_ids": r["control_output"],
+                                             "margins": r["control_margins"]}}
+               for wave in WAVES for r in wave
+               if r["control_output"] is not None and r.get("control_margins") is not None}}
+    return label_requests(results, control,
+                          action_validator=is_valid_action if ACTION_SYNTAX else None)
+
+
+def rule():
+    reasons = [r for r in REASONS if ACTION_SYNTAX or r != "invalid_action"]
+    compared = any(r.get("control_margins") is not None for w in WAVES for r in w)
+    flips = ("or the first step of an episode that differs from the control's recorded answer "
+             "where the control was confident (a near-tie difference is not)" if compared else
+             "(no control margins recorded: differences from the control are shown, not judged)")
+    return (f"rule: statescope reproduce's labelling (embedded): corrupted when degenerate "
+            f"({{', '.join(reasons)}}) {{flips}}")
 
 
 def main():
@@ -100,29 +133,60 @@ def main():
     if PLANTED:
         state = "set" if os.environ.get("STATESCOPE_FAULT") else "NOT set: expect CLEAN"
         print(f"PLANTED fault needed: {{PLANTED}} (STATESCOPE_FAULT {{state}})", flush=True)
+    print(rule(), flush=True)
     from vllm import LLM, SamplingParams
 
     llm = LLM(**engine_args)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)
-    corrupted = total = 0
+    results = []
     for wave in WAVES:
         outputs = llm.generate([{{"prompt_token_ids": r["prompt_token_ids"]}} for r in wave],
                                params, use_tqdm=False)
         for req, out in zip(wave, outputs):
-            text, ids = out.outputs[0].text, list(out.outputs[0].token_ids)
-            found = symptoms(text, ids)
-            total += 1
-            corrupted += bool(found)
-            same = "same as control" if ids == req["control_output"] else "differs from control"
-            print(f"{{'CORRUPTED' if found else 'CLEAN'}} {{req['episode']}} step {{req['step']}}: "
-                  f"{{','.join(found) or 'ok'}} ({{same}}) {{text[:60]!r}}", flush=True)
-    print(f"{{corrupted}}/{{total}} corrupted", flush=True)
+            comp = out.outputs[0]
+            results.append({{"episode": req["episode"], "step": req["step"], "text": comp.text,
+                             "output_token_ids": list(comp.token_ids),
+                             "finish_reason": comp.finish_reason}})
+    labels = {{(l["episode"], l["step"]): l for l in judge(results)}}
+    corrupted = 0
+    for req, res in zip([r for wave in WAVES for r in wave], results):
+        label = labels[(req["episode"], req["step"])]
+        found = failure_reasons(label)
+        corrupted += bool(found)
+        if req["control_output"] is None:
+            same = "the control answered another prompt"
+        elif res["output_token_ids"] == req["control_output"]:
+            same = "same as control"
+        else:
+            same = f"differs from control: {{label['flip'] or 'not compared'}}"
+        print(f"{{'CORRUPTED' if found else 'CLEAN'}} {{req['episode']}} step {{req['step']}}: "
+              f"{{','.join(found) or 'ok'}} ({{same}}) {{res['text'][:60]!r}}", flush=True)
+    print(f"{{corrupted}}/{{len(results)}} corrupted", flush=True)
     return 1 if corrupted else 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
 '''
+
+
+def judge_source() -> str:
+    """The source of the labelling ``reproduce`` and ``shrink`` apply, as the script embeds it:
+    ``statescope.verdict.detect.label_requests`` with what it calls, and the action parser of
+    ``statescope.workload.guilang`` — read with ``inspect``, not a copy kept by hand."""
+    import inspect
+
+    from statescope.verdict import detect
+    from statescope.workload import guilang
+
+    action_re = guilang.ACTION_RE
+    consts = [f"REASONS = {detect.REASONS!r}", f"BANG_TOKEN_ID = {detect.BANG_TOKEN_ID!r}",
+              f"ACTION_RE = re.compile({action_re.pattern!r}, {int(action_re.flags)})"]
+    objs = (detect.Degeneracy, detect.Flip, detect._longest_run, detect._tail_loop,
+            detect._is_punct, detect.classify_output, detect.compare_to_control,
+            detect.label_requests, detect.failure_reasons, guilang.parse_action,
+            guilang.is_valid_action)
+    return "\n".join(consts) + "\n\n\n" + "\n\n".join(inspect.getsource(o) for o in objs)
 
 
 def _waves(entry: dict) -> list[list[dict]]:
@@ -135,8 +199,11 @@ def _waves(entry: dict) -> list[list[dict]]:
         waves.setdefault(int(r["wave"]), []).append({
             "episode": r["episode"], "step": int(r["step"]),
             "prompt_token_ids": list(r["prompt_token_ids"]), "trigger_symptoms": r["symptoms"],
-            # the control's answer only where it answered the same prompt
-            "control_output": list(c["output_token_ids"]) if same_prompt else None})
+            # the control's answer (and its margins: confident or near-tie) only where it
+            # answered the same prompt
+            "control_output": list(c["output_token_ids"]) if same_prompt else None,
+            "control_margins": (list(c["margins"]) if same_prompt and c.get("margins") is not None
+                                else None)})
     return [waves[k] for k in sorted(waves)]
 
 
@@ -155,21 +222,25 @@ def export_repro(shrink_dir: str | Path, out_dir: str | Path, *, planted: str | 
     title = (f"{len(failing)} of {entry['n_requests']} request(s) corrupted on vLLM "
              f"{resolved.get('vllm_version', '?')} ({resolved.get('runner_version') or '?'} runner)")
     args = dict(run["engine_args"])
+    graded = (entry.get("labelling") or doc.get("labelling") or {}).get("action_syntax")
+    note = ("reproduce's rule, from the control's answers" if graded is not None else
+            "none recorded (a shrink log of the symptom-only rule): not graded")
     text = _TEMPLATE.format(title=title, n_requests=entry["n_requests"], n_waves=len(waves),
                             engine_args=json.dumps(args), engine_env=json.dumps(run["engine_env"]),
                             waves=json.dumps(waves), max_tokens=int(run["max_tokens"]),
-                            planted=planted)
+                            planted=planted, action_syntax=bool(graded), action_note=note,
+                            judge=judge_source())
     if "import statescope" in text or "from statescope" in text:
         raise InputError("export-repro: the script would import statescope (a trace or engine "
                          "argument names it); refusing to write it")
     (out / SCRIPT).write_text(text)
-    (out / README).write_text(_readme(doc, entry, waves, failing, resolved, planted))
+    (out / README).write_text(_readme(doc, entry, waves, failing, resolved, planted, bool(graded)))
     return {"script": str(out / SCRIPT), "readme": str(out / README), "failing": failing,
             "n_requests": entry["n_requests"], "waves": len(waves), "planted": planted}
 
 
 def _readme(doc: dict, entry: dict, waves: list, failing: list, resolved: dict,
-            planted: str | None) -> str:
+            planted: str | None, graded: bool) -> str:
     run = entry["trigger_run"]
     keys = ("enable_prefix_caching", "mamba_cache_mode", "speculative_config", "async_scheduling",
             "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "dtype")
@@ -191,8 +262,13 @@ def _readme(doc: dict, entry: dict, waves: list, failing: list, resolved: dict,
         "runner: the environment wins over the recorded one). Expected output with the trigger settings: "
         f"`CORRUPTED` for {', '.join(failing)}, `CLEAN` for the rest, exit status 1 "
         "(0 and all `CLEAN` when the bug is absent).", "",
-        "Corruption is detected from the output alone: empty, a run of >= 4 `!` (token 0), or "
-        ">= 8 punctuation characters. The control arm's answers are printed beside as information.",
+        "Corruption is judged as `statescope reproduce` labels a request (the script embeds its "
+        "functions): a degenerate answer (empty, an immediate end, a run of >= 4 `!` or token 0, "
+        ">= 8 punctuation characters, a repetition loop"
+        + (", an invalid GUI action" if graded else "") + "), or the first step of an episode "
+        "whose answer differs from the control arm's recorded answer to the same prompt where the "
+        "control was confident (a near-tie difference is not a corruption). The script prints "
+        "the rule first.",
     ]
     if planted:
         lines += ["", f"**PLANTED**: this failure comes from a planted test fault, not from vLLM: "

@@ -5,8 +5,13 @@ immediate end-of-sequence, runs of '!' / token id 0 — what argmax gives on NaN
 punctuation runs, repetition loops, and actions an optional validator rejects);
 ``compare_to_control`` says whether a token sequence differs from the control's and whether the first
 difference sits at a near-tie of the control (benign nondeterminism) or at a confident position;
-``label_records`` adds the degeneracy fields to stored records. What it deliberately does not do:
-decode tokens, call a model or judge task success beyond the validator it is given.
+``label_requests`` labels one arm's requests as ``reproduce`` counts failures (degenerate, or the
+first step of an episode whose answer flips confidently from the control's) — the one rule every
+verdict, the shrink and the exported plain-vLLM script apply; ``label_records`` adds the
+degeneracy fields to stored records. The functions ``label_requests`` needs use no statescope
+import (``InputError`` aside): ``statescope.share.repro_script`` embeds their source in a script
+that runs without statescope. What it deliberately does not do: decode tokens, call a model or
+judge task success beyond the validator it is given.
 """
 from __future__ import annotations
 
@@ -133,6 +138,43 @@ def compare_to_control(arm_tokens: Sequence[int], control_tokens: Sequence[int],
         return Flip(False, diff, "confident_flip", None, False)
     kind = "near_tie_flip" if margin <= near_tie else "confident_flip"
     return Flip(False, diff, kind, float(margin), True)
+
+
+def label_requests(rows: Iterable[dict], control: dict | None = None, *, near_tie: float = 0.1,
+                   action_validator: Callable[[str], bool] | None = None) -> list[dict]:
+    """One label per request of an arm, in (episode, step) order: what ``reproduce`` counts.
+
+    ``rows``: the arm's answers ('episode', 'step', 'text', 'output_token_ids', 'finish_reason').
+    ``control``: (episode, step) -> the control arm's answer to that request ('output_token_ids',
+    'margins'), or None for no comparison (the control's own labels). A request fails when its
+    output is degenerate (``classify_output`` with ``action_validator``), or when it is the first
+    step of its episode whose answer differs from the control's and the control was confident
+    there (``compare_to_control``: 'confident_flip'). Later steps of an episode that differed are
+    not compared: their prompts already differ.
+    """
+    out, diverged = [], set()
+    for r in sorted(rows, key=lambda r: (r["episode"], int(r["step"]))):
+        deg = classify_output(r["text"], list(r["output_token_ids"]), r["finish_reason"],
+                              action_validator=action_validator)
+        flip = None
+        c = control.get((r["episode"], int(r["step"]))) if control else None
+        if c is not None and r["episode"] not in diverged:
+            margins = c.get("margins")
+            f = compare_to_control(list(r["output_token_ids"]), list(c["output_token_ids"]),
+                                   None if margins is None else list(margins), near_tie=near_tie)
+            flip = f.kind
+            if not f.identical:
+                diverged.add(r["episode"])
+        out.append({"episode": r["episode"], "step": int(r["step"]), "text": r["text"],
+                    "degenerate": deg.degenerate, "reasons": deg.reasons, "flip": flip,
+                    "failed": deg.degenerate or flip == "confident_flip"})
+    return out
+
+
+def failure_reasons(label: dict) -> list[str]:
+    """Why a ``label_requests`` label failed: its degenerate reasons, and 'confident_flip';
+    empty when it did not fail."""
+    return list(label["reasons"]) + (["confident_flip"] if label["flip"] == "confident_flip" else [])
 
 
 def _missing(value: Any) -> bool:

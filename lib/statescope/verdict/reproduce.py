@@ -11,7 +11,9 @@ counters for the engagement guards.
 A request fails when its output is degenerate, or when it is the first step of its episode whose
 answer differs from the control's *and* the control was confident there (top-1/top-2 margin at the
 first differing token above ``near_tie``). Later steps of a flipped episode are not compared: their
-prompts already differ.
+prompts already differ. That rule is ``statescope.verdict.detect.label_requests`` (``label_rows``
+here) with the action validator ``choose_action_validator`` picks; ``shrink`` and the script
+``export-repro`` writes judge with the same two.
 
 What it deliberately does not do: capture state (``statescope.capture.recorder``) or explain a failure
 (``statescope.diverge.report``). Planted faults and emulated copy semantics are recorded in the arm and in
@@ -23,7 +25,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from statescope.capture.store import CaptureRun
 from statescope.engine.config import EngineConfig
@@ -32,7 +34,7 @@ from statescope.errors import InputError
 from statescope.patches.faults import FaultSpec
 from statescope.progress import progress_or_null
 from statescope.records import ResultsStore, config_hash, load_records, terminate_as_interrupt
-from statescope.verdict.detect import classify_output, compare_to_control
+from statescope.verdict.detect import label_requests
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
 from statescope.workload.trace import TraceStep, episodes_of, step_messages, trace_sha
 from statescope.records import rows_by_request
@@ -297,26 +299,27 @@ def arm_metrics(run_dir: Path, arm: Arm, rows: list[dict]) -> dict:
 
 def label_rows(run: ArmRun, control: ArmRun | None, *, near_tie: float = 0.1,
                action_validator=None) -> list[dict]:
-    """Per-request labels: degenerate reasons, flip kind against the control, failed or not."""
-    ctl = rows_by_request(control.rows if control else [])
-    out, diverged = [], set()
-    for r in sorted(run.rows, key=lambda r: (r["episode"], int(r["step"]))):
-        deg = classify_output(r["text"], list(r["output_token_ids"]), r["finish_reason"],
-                              action_validator=action_validator)
-        flip = None
-        c = ctl.get((r["episode"], int(r["step"])))
-        if c is not None and r["episode"] not in diverged and control is not run:
-            f = compare_to_control(list(r["output_token_ids"]), list(c["output_token_ids"]),
-                                   list(c["margins"]), near_tie=near_tie)
-            flip = f.kind
-            if not f.identical:
-                diverged.add(r["episode"])
-        failed = deg.degenerate or flip == "confident_flip"
-        out.append({"episode": r["episode"], "step": int(r["step"]), "text": r["text"],
-                    "degenerate": deg.degenerate, "reasons": deg.reasons, "flip": flip,
-                    "failed": failed, "lifetime": run.lifetimes.get(r["episode"], 0),
-                    "num_cached_tokens": r.get("num_cached_tokens", 0)})
-    return out
+    """Per-request labels: degenerate reasons, flip kind against the control, failed or not
+    (``statescope.verdict.detect.label_requests``: the rule the shrink applies too), with each
+    request's engine lifetime and cached tokens."""
+    ctl = rows_by_request(control.rows) if control is not None else None
+    rows = sorted(run.rows, key=lambda r: (r["episode"], int(r["step"])))
+    labels = label_requests(rows, None if control is run else ctl, near_tie=near_tie,
+                            action_validator=action_validator)
+    return [{**l, "lifetime": run.lifetimes.get(r["episode"], 0),
+             "num_cached_tokens": r.get("num_cached_tokens", 0)} for l, r in zip(labels, rows)]
+
+
+def choose_action_validator(control_texts: Iterable[str], action_syntax: bool | None = None):
+    """The action validator an arm's answers are labelled with (``reproduce``'s rule):
+    ``action_syntax=None`` grades action syntax only when the control speaks the GUI-agent
+    language (``statescope.workload.guilang.action_validator_for`` over ``control_texts``);
+    True / False: always / never."""
+    from statescope.workload import guilang
+
+    if action_syntax is None:
+        return guilang.action_validator_for(control_texts)
+    return guilang.is_valid_action if action_syntax else None
 
 
 def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
@@ -442,7 +445,6 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
     verdict beside the pooled one."""
     from statescope.records import claim_run_id
     from statescope.verdict.inputs import check_reproduce
-    from statescope.workload import guilang
 
     mode = replay_mode(trace, replay)
     # every argument, the trace and the store, before the first engine starts
@@ -474,8 +476,7 @@ def reproduce(trigger: Arm, control: Arm, trace: list[TraceStep], *, store_root:
         trg = run_arm(trigger, trace, store, runner=runner, concurrency=concurrency,
                       episodes_per_lifetime=episodes_per_lifetime, replay=mode,
                       progress=progress)
-    validator = (guilang.action_validator_for(r["text"] for r in ctl.rows) if action_syntax is None
-                 else guilang.is_valid_action if action_syntax else None)
+    validator = choose_action_validator((r["text"] for r in ctl.rows), action_syntax)
     check_comparable(trg, ctl)
     ctl_labels = label_rows(ctl, None, action_validator=validator)
     trg_labels = label_rows(trg, ctl, action_validator=validator)

@@ -10,17 +10,24 @@ others, then reduced themselves —
 then the batch — ``max_num_seqs`` (ascending powers of two below the number of episodes: the
 first that still fails), the token budget ``max_num_batched_tokens`` (halved while it still
 fails), the arrival order (reversed) — then prompt length (each text user turn halved while it
-still fails). By default a candidate is judged by one trigger run (these failures are
-deterministic per workload) and the result is verified with K trigger runs and the control — a
-result that does not hold is searched again with K runs + control per candidate (``strict``). It
+still fails). A candidate fails as ``reproduce`` counts a failure — the same labelling function
+(``statescope.verdict.detect.label_requests``, through ``shrink_run.label_run``): a degenerate
+answer (empty, runs of ``!``/punctuation, a repetition loop, an invalid action when the control
+speaks the GUI-agent language) or a confident flip from the control arm's answer to the same
+request; a near-tie flip is not a failure. The control's answers are the shrink's own control
+runs: of the candidate itself when strict, else kept per episode and re-run only for episodes a
+candidate changed (``shrink_run``'s docstring says why that is sound). By default a candidate is
+judged by one trigger run (these failures are deterministic per workload) and the result is
+verified with K trigger runs and the control — a result that does not hold is searched again with
+K runs + control per candidate (``strict``). It
 returns the minimal workload as a trace plus its overrides, every trial (what was
 removed, fail/pass, seconds, engine runs) and the conditions the failure needs (the removals that
 made it pass). ``result.json`` and ``minimal.jsonl`` are written into the run folder; the
 candidate log there makes a re-run resume.
 
 What it deliberately does not do: explain the failure (``capture``/``continuity``/``diverge`` read
-the minimal trace), write the standalone reproducer (``statescope.share.repro_script``), or count a
-near-tie flip as a failure (``shrink_run.SYMPTOMS``).
+the minimal trace), write the standalone reproducer (``statescope.share.repro_script``), or judge a
+request by any rule but ``reproduce``'s.
 """
 from __future__ import annotations
 
@@ -54,6 +61,7 @@ class ShrinkResult:
     run_dir: Path
     original: dict = field(default_factory=dict)
     final_entry: dict | None = None
+    labelling: dict = field(default_factory=dict)  # the rule candidates were judged by
 
     def to_dict(self) -> dict:
         brief = [{k: t.get(k) for k in ("phase", "trial", "removed", "n_requests", "episodes",
@@ -63,7 +71,7 @@ class ShrinkResult:
         out = {"reproduced": self.reproduced, "original": self.original, "trials": brief,
                "conditions": self.conditions, "engine_runs": self.engine_runs,
                "engine_starts": self.engine_starts, "seconds": round(self.seconds, 3),
-               "run_dir": str(self.run_dir)}
+               "run_dir": str(self.run_dir), "labelling": self.labelling}
         if self.minimal is not None:
             out["minimal"] = {"episodes": self.minimal.order, "n_requests": self.minimal.n_requests(),
                               "overrides": self.minimal.overrides,
@@ -83,6 +91,9 @@ class ShrinkResult:
         lines.append(f"minimal: {m.n_requests()} request(s) in episode(s) {m.order}, overrides "
                      f"{m.overrides or 'none'} (from {self.original.get('n_requests')} requests)")
         lines += [f"  needs: {c}" for c in self.conditions]
+        graded = self.labelling.get("action_syntax")
+        lines.append("judged as reproduce labels requests (degenerate, or a confident flip from the "
+                     f"control; action syntax {'graded' if graded else 'not graded'})")
         lines.append(f"{len(self.trials)} trials, {self.engine_runs} engine runs, "
                      f"{self.engine_starts} engine starts, {self.seconds:.0f} s")
         return lines
@@ -254,13 +265,15 @@ class _Search:
 
 def shrink(trace: list[TraceStep], trigger: Arm, control: Arm, run_dir: str | Path, *,
            keep_failing: int = 3, phases: tuple = PHASES, strict: bool = False,
-           say: Callable[[str], None] | None = None) -> ShrinkResult:
+           say: Callable[[str], None] | None = None,
+           action_syntax: bool | None = None) -> ShrinkResult:
     """Shrink ``trace`` (whose trigger arm corrupted) to its minimal failing workload.
 
-    Default (quick): a candidate fails when one trigger run shows a symptom (the failures this
-    tool is for are deterministic per workload); the result is then verified — K trigger runs
-    and the control — and a result that does not hold is searched again strictly.
-    ``strict=True``: every candidate gets the K re-runs and the control."""
+    Default (quick): a candidate fails when one trigger run has a request ``reproduce`` would
+    count as failed, against the control's answers (the failures this tool is for are
+    deterministic per workload); the result is then verified — the control and K trigger runs of
+    it — and a result that does not hold is searched again strictly. ``strict=True``: every
+    candidate gets the control and the K re-runs. ``action_syntax``: as ``reproduce``'s."""
     import time
 
     bad = [p for p in phases if p not in PHASES]
@@ -270,7 +283,7 @@ def shrink(trace: list[TraceStep], trigger: Arm, control: Arm, run_dir: str | Pa
         raise InputError("shrink: the trace is empty")
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
-    runner = CandidateRunner(trigger, control, run_dir, keep_failing, say)
+    runner = CandidateRunner(trigger, control, run_dir, keep_failing, say, action_syntax)
     start = workload_from_trace(trace)
     original = {"n_requests": len(trace), "episodes": len(episodes_of(trace))}
 
@@ -315,7 +328,8 @@ def _finish(search: _Search, reproduced: bool, runner: CandidateRunner, t0: floa
     minimal = search.current if reproduced else None
     result = ShrinkResult(reproduced, minimal, search.trials, search.conditions,
                           runner.engine_runs, runner.pool.starts, time.perf_counter() - t0,
-                          run_dir, original, search.last_failing if reproduced else None)
+                          run_dir, original, search.last_failing if reproduced else None,
+                          runner.labelling())
     if minimal is not None:
         write_trace(minimal.trace, run_dir / MINIMAL_TRACE)
     doc = result.to_dict()

@@ -1,21 +1,45 @@
-"""One shrink candidate, run for real: does this workload corrupt in every one of K re-runs of the
-trigger arm and stay clean in the control arm?
+"""Engine runs of shrink candidates: a workload through the trigger (and control) arm, labelled.
 
-What it does: ``CandidateRunner.evaluate`` runs a candidate workload (a trace, an episode order and
-engine overrides) through in-process vLLM engines of the real build, in lock-step waves (the next
-step of every unfinished episode is submitted together, in episode order: what
-``statescope.engine.runners.run_waves`` does for the offline runner), and labels each output with
-the degenerate symptoms of this bug family (``SYMPTOMS``: empty, runs of ``!``/token 0 or of
-punctuation; ``statescope.verdict.detect.classify_output``). Strict: the trigger runs first and
-stops at the first clean re-run; only a candidate that failed K times runs the control. Quick:
-one trigger run, no control (the search's default; its result is then checked strictly). One engine stays
-alive and is reused (prefix cache reset) while consecutive runs ask for the same configuration.
-Every evaluated candidate is one line of ``candidates.jsonl`` in the run folder, keyed by what it
-ran; a re-run with the same folder answers from it without starting an engine.
+What it does: runs a candidate workload (a trace subset, an episode order, engine overrides such
+as ``max_num_seqs``/``max_num_batched_tokens``; agent_loop episodes) through in-process vLLM
+engines of the real build, in lock-step waves (the next step of every unfinished episode is
+submitted together, in episode order: what ``statescope.engine.runners.run_waves`` does for the
+offline runner), and labels every answer with the rule ``reproduce`` counts failures by — one
+function for both, ``statescope.verdict.detect.label_requests`` (``label_run``): degenerate output
+(empty, immediate end, runs of ``!``/token 0 or of punctuation, a repetition loop, an invalid
+action when action syntax is graded) or a confident flip from the control arm's answer to the same
+request (the first differing step of an episode, at a control margin above ``near_tie``). A row's
+``symptoms`` are the reasons it failed (``detect.failure_reasons``).
+
+The control's answers, which a confident flip needs: strict (K re-runs and the control), the
+control runs this very candidate first, as ``reproduce`` runs both arms on one trace; the trigger
+runs follow, labelled against it, stopping at the first clean one; a control with a failed request
+of its own makes the candidate pass without a trigger run. Quick (one trigger run; the search's
+default, its result then checked strictly): the control's answers come from
+``control_answers.jsonl``, one entry per episode keyed by the control's configuration and the
+episode's steps (``trace_sha``); an episode not answered yet is run through the control first (one
+engine run for all of them). An agent_loop episode's answers are a function of its steps for the
+arm that does not corrupt — the same assumption ``reproduce`` makes when it compares two arms that
+batch differently — so removing episodes, changing the batch or the arrival order reuses them,
+and only the episodes a steps- or prompt-candidate changed are run again. A reproduce run's
+stored control records are not used: they may come from another runner (a server) and another
+engine lifetime, while a control run here takes one engine run with the trigger's own runner.
+
+Action syntax is graded as ``reproduce`` decides it (``reproduce.choose_action_validator``: only
+when the control speaks the GUI-agent language), decided once, from the control's answers to the
+first candidate evaluated (the confirm run of the whole workload), kept in ``labelling.json`` and
+applied to every candidate: a one-request candidate cannot say whether the model speaks the
+language. The rule's name (``LABELLING``) is part of every candidate's key, so a log written
+under another rule (the symptom-only shrink before it) is not read as this one's answers.
+
+One engine stays alive and is reused (prefix cache reset) while consecutive runs ask for the same
+configuration; a control with another configuration costs an engine start each way. Every
+evaluated candidate is one line of ``candidates.jsonl`` in the run folder, keyed by what it ran; a
+re-run with the same folder answers from it without starting an engine.
 
 What it deliberately does not do: decide which candidate to try (``statescope.verdict.shrink``),
-compare against the control token by token (a near-tie flip is not a symptom: the shrink keeps
-only failures a maintainer can see), or run servers (the offline runner only).
+count units or test significance (a candidate fails when every one of its trigger runs has a
+failed request), or run servers (the offline runner only).
 """
 from __future__ import annotations
 
@@ -28,12 +52,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from statescope.errors import InputError
-from statescope.records import config_hash
-from statescope.verdict.reproduce import Arm, _padder_for, prepare_offline_arm, trace_next_step
+from statescope.records import config_hash, rows_by_request
+from statescope.verdict.detect import failure_reasons, label_requests
+from statescope.verdict.reproduce import (Arm, _padder_for, choose_action_validator,
+                                          prepare_offline_arm, trace_next_step)
 from statescope.workload.trace import TraceStep, episodes_of, trace_sha
 
-SYMPTOMS = ("empty", "immediate_eos", "bang_run", "punct_run")
+# the labelling every candidate is judged by; part of its key (a log of another rule is not reused)
+LABELLING = "reproduce: detect.label_requests, action syntax by choose_action_validator"
 LOG_FILE = "candidates.jsonl"
+CONTROL_FILE = "control_answers.jsonl"
+LABELLING_FILE = "labelling.json"
+# what a control answer keeps for labelling (the margins decide near-tie vs confident flips)
+CONTROL_KEYS = ("episode", "step", "text", "output_token_ids", "finish_reason", "margins")
 
 
 @dataclass
@@ -51,12 +82,67 @@ class Workload:
     def n_requests(self) -> int:
         return len(self.trace)
 
+    def only(self, episodes: set) -> "Workload":
+        """The same workload with only ``episodes`` (order and overrides kept)."""
+        return Workload([s for s in self.trace if s.episode in episodes],
+                        [e for e in self.order if e in episodes], self.overrides)
 
-def symptoms_of(row: dict) -> list[str]:
-    from statescope.verdict.detect import classify_output
 
-    deg = classify_output(row["text"], list(row["output_token_ids"]), row["finish_reason"])
-    return [r for r in deg.reasons if r in SYMPTOMS]
+def label_run(run: dict, control_rows: list[dict] | None, validator) -> list[dict]:
+    """Label ``run``'s rows as ``reproduce`` labels an arm (``detect.label_requests`` against
+    ``control_rows``, matched by episode and step; None: no comparison, as a control's own labels
+    are made) and set each row's ``symptoms`` to the reasons it failed (empty: it did not)."""
+    control = rows_by_request(control_rows) if control_rows is not None else None
+    labels = label_requests(run["rows"], control, action_validator=validator)
+    why = {(l["episode"], l["step"]): failure_reasons(l) for l in labels}
+    for row in run["rows"]:
+        row["symptoms"] = why[(row["episode"], int(row["step"]))]
+    return labels
+
+
+class ControlAnswers:
+    """The control arm's answers per episode (the quick search's reference), keyed by the control's
+    configuration and the episode's steps, kept in ``control_answers.jsonl`` (resumable)."""
+
+    def __init__(self, path: Path, control: Arm) -> None:
+        self.path, self.control_key = Path(path), control.key()
+        self.by_key: dict[str, list[dict]] = {}
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                self.by_key[entry["key"]] = list(entry["rows"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                if n < len(lines):  # only a killed run's last line may be cut
+                    raise InputError(f"{self.path}:{n}: expected a JSON object with 'key' and "
+                                     "'rows' (a shrink's control answers)") from None
+
+    def _key(self, steps: list[TraceStep]) -> str:
+        return config_hash({"control": self.control_key, "steps": trace_sha(steps)})
+
+    def missing(self, work: Workload) -> list[str]:
+        """The episodes of ``work`` the control has not answered yet, in arrival order."""
+        eps = episodes_of(work.trace)
+        return [e for e in work.order if self._key(eps[e]) not in self.by_key]
+
+    def add(self, work: Workload, rows: list[dict]) -> None:
+        """Keep the control's answers to every episode of ``work`` (``rows``: its run's rows)."""
+        with self.path.open("a") as fh:
+            for episode, steps in episodes_of(work.trace).items():
+                key = self._key(steps)
+                mine = [{k: r.get(k) for k in CONTROL_KEYS} for r in rows
+                        if r["episode"] == episode]
+                self.by_key[key] = mine
+                fh.write(json.dumps({"key": key, "episode": episode, "rows": mine},
+                                    default=str) + "\n")
+            fh.flush()
+
+    def rows(self, work: Workload) -> list[dict]:
+        """The control's answers to every request of ``work`` (each episode answered before)."""
+        eps = episodes_of(work.trace)
+        return [r for e in work.order for r in self.by_key[self._key(eps[e])]]
 
 
 class EnginePool:
@@ -85,8 +171,8 @@ class EnginePool:
 
 
 def run_workload(arm: Arm, work: Workload, pool: EnginePool, out: Path) -> dict:
-    """One run of ``work`` through ``arm``: rows in wave order (with wave numbers), seconds, the
-    engine arguments and environment it ran with."""
+    """One run of ``work`` through ``arm``: rows in wave order (with wave numbers; unlabelled:
+    ``label_run`` labels them), seconds, the engine arguments and environment it ran with."""
     from statescope.engine.offline import import_vllm
 
     config = arm.config.replace(**work.overrides)
@@ -103,7 +189,6 @@ def run_workload(arm: Arm, work: Workload, pool: EnginePool, out: Path) -> dict:
         records = runner.generate([r.prompt for r in wave], max_tokens=max_tokens)
         for req, rec in zip(wave, records):
             row = {"episode": req.episode, "step": req.step, "wave": wave_no, **rec.to_dict()}
-            row["symptoms"] = symptoms_of(row)
             history[req.episode].append(row)
             rows.append(row)
         wave_no += 1
@@ -130,17 +215,23 @@ def _resolved_brief(runner) -> dict:
 
 
 def failed_requests(run: dict) -> list[list]:
+    """[episode, step] of every request of a labelled run that failed."""
     return [[r["episode"], int(r["step"])] for r in run["rows"] if r["symptoms"]]
 
 
 class CandidateRunner:
-    """Evaluates candidates for one (trigger, control) pair, K re-runs each, logged and resumable."""
+    """Evaluates candidates for one (trigger, control) pair, K re-runs each, logged and resumable.
+    ``action_syntax``: as ``reproduce``'s (None: graded when the control speaks the language)."""
 
     def __init__(self, trigger: Arm, control: Arm, run_dir: Path, keep_failing: int = 3,
-                 say: Callable[[str], None] | None = None) -> None:
+                 say: Callable[[str], None] | None = None,
+                 action_syntax: bool | None = None) -> None:
         if isinstance(keep_failing, bool) or not isinstance(keep_failing, int) or keep_failing < 1:
             raise InputError(f"--keep-failing {keep_failing!r}: expected an integer >= 1")
+        if action_syntax not in (None, True, False):
+            raise InputError(f"action_syntax={action_syntax!r}: expected None, True or False")
         self.trigger, self.control, self.k = trigger, control, keep_failing
+        self.action_syntax = action_syntax
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.run_dir / LOG_FILE
@@ -148,6 +239,8 @@ class CandidateRunner:
         self.pool = EnginePool()
         self.engine_runs = 0
         self.done = self._load()
+        self.answers = ControlAnswers(self.run_dir / CONTROL_FILE, control)
+        self.graded = self._load_labelling()  # action syntax graded? None: not decided yet
 
     def _load(self) -> dict[str, dict]:
         done: dict[str, dict] = {}
@@ -165,15 +258,60 @@ class CandidateRunner:
                                          "'key' (a shrink candidate log line)") from None
         return done
 
+    def _load_labelling(self) -> bool | None:
+        if self.action_syntax is not None:
+            return self.action_syntax
+        path = self.run_dir / LABELLING_FILE
+        if not path.is_file():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise InputError(f"{path}: expected the JSON a shrink writes (its labelling)") from None
+        if doc.get("rule") != LABELLING or doc.get("control") != self.control.key():
+            return None  # decided for another rule or control: decide again
+        return bool(doc["action_syntax"])
+
+    def labelling(self) -> dict:
+        """The rule the candidates are judged by, for the result and the exported script."""
+        return {"rule": LABELLING, "action_syntax": self.graded,
+                "asked": "auto" if self.action_syntax is None else self.action_syntax}
+
+    def validator(self, control_rows: list[dict], work: Workload):
+        """The action validator of every candidate: ``reproduce``'s choice, made once from the
+        control's answers to the first candidate evaluated (the whole workload's confirm)."""
+        if self.graded is None:
+            texts = [r["text"] for r in control_rows]
+            self.graded = choose_action_validator(texts, self.action_syntax) is not None
+            doc = {**self.labelling(), "control": self.control.key(),
+                   "decided_from": {"trace_sha": trace_sha(work.trace), "n_requests": len(texts)}}
+            (self.run_dir / LABELLING_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+            self.say(f"action syntax {'graded' if self.graded else 'not graded'} (the control's "
+                     f"answers to {len(texts)} request(s), reproduce's rule)")
+        return choose_action_validator([], self.graded)
+
     def key(self, work: Workload, strict: bool = True) -> str:
         return config_hash({"work": work.key(), "trigger": self.trigger.key(),
-                            "control": self.control.key(), "k": self.k if strict else "quick"})
+                            "control": self.control.key(), "k": self.k if strict else "quick",
+                            "labelling": LABELLING, "action_syntax": self.action_syntax})
+
+    def control_rows(self, work: Workload) -> list[dict]:
+        """The control's answers to ``work`` for the quick search: from ``control_answers.jsonl``,
+        the episodes not answered yet run through the control first (one engine run)."""
+        missing = set(self.answers.missing(work))
+        if missing:
+            sub = work.only(missing)
+            run = run_workload(self.control, sub, self.pool, self.run_dir / "control")
+            self.engine_runs += 1
+            self.answers.add(sub, run["rows"])
+        return self.answers.rows(work)
 
     def evaluate(self, work: Workload, phase: str, removed: Any, trial_no: int, *,
                  strict: bool = True) -> dict:
         """The candidate's log entry (from the log when it was run before). Strict: ``failed``
-        when all K trigger runs showed a symptom and the control showed none; quick: when one
-        trigger run did (no control)."""
+        when the control (run on this candidate first) has no failed request and each of K
+        trigger runs has one; quick: when one trigger run has one, against the control's kept
+        answers. Failed as ``reproduce`` labels requests (``label_run``)."""
         key = self.key(work, strict)
         k = self.k if strict else 1
         if key in self.done:
@@ -182,34 +320,46 @@ class CandidateRunner:
                      f"{'FAIL' if entry['failed'] else 'pass'} (from the log)")
             return entry
         t0 = time.perf_counter()
+        runs_before = self.engine_runs
         reps, control = [], None
-        for _ in range(k):
+        if strict:  # the control's own run of this candidate, as reproduce runs both arms
+            control = run_workload(self.control, work, self.pool, self.run_dir / "control")
+            self.engine_runs += 1
+            control_rows = control["rows"]
+        else:
+            control_rows = self.control_rows(work)
+        validator = self.validator(control_rows, work)
+        if control is not None:
+            label_run(control, None, validator)
+        control_clean = control is None or not failed_requests(control)
+        for _ in range(k if control_clean else 0):
             run = run_workload(self.trigger, work, self.pool, self.run_dir / "trigger")
             self.engine_runs += 1
+            label_run(run, control_rows, validator)
             reps.append(run)
             if not failed_requests(run):
                 break
         all_failed = len(reps) == k and all(failed_requests(r) for r in reps)
-        if all_failed and strict:
-            control = run_workload(self.control, work, self.pool, self.run_dir / "control")
-            self.engine_runs += 1
-        failed = all_failed and (not strict or not failed_requests(control))
+        failed = all_failed and control_clean
         entry = {"key": key, "strict": strict, "phase": phase, "trial": trial_no, "removed": removed,
                  "episodes": list(work.order), "n_requests": work.n_requests(),
                  "overrides": work.overrides, "trace_sha": trace_sha(work.trace),
-                 "failed": failed, "engine_runs": len(reps) + (control is not None),
+                 "failed": failed, "engine_runs": self.engine_runs - runs_before,
                  "trigger_failures": [failed_requests(r) for r in reps],
                  "control_failures": failed_requests(control) if control else None,
+                 "labelling": self.labelling(),
                  "seconds": round(time.perf_counter() - t0, 3)}
         if failed:  # strict: what export-repro needs (the requests as sent, the answers, the
-            # engine); quick: what the search reads (which requests failed, the resolved engine)
+            # engine, the control's margins); quick: what the search reads (which requests
+            # failed, the resolved engine)
             entry["trigger_run"] = _kept(reps[-1], full=strict)
-            entry["control_run"] = _kept(control, full=True) if control else None
+            entry["control_run"] = (_kept(control, full=True, extra=("margins",))
+                                    if control else None)
         with self.log_path.open("a") as fh:
             fh.write(json.dumps(entry, default=str) + "\n")
             fh.flush()
         self.done[key] = entry
-        why = ("" if failed else " (control not clean)" if all_failed else
+        why = ("" if failed else " (control not clean)" if not control_clean else
                f" (clean in trigger run {len(reps)} of {k})")
         self.say(f"[{phase}] #{trial_no} removed {_brief(removed)}: {work.n_requests()} requests, "
                  f"{'FAIL' if failed else 'pass'}{why}, {entry['seconds']:.1f} s, "
@@ -225,10 +375,11 @@ ROW_KEYS = ("episode", "step", "wave", "prompt_token_ids", "output_token_ids", "
             "symptoms")
 
 
-def _kept(run: dict, full: bool) -> dict:
-    """A run as the log keeps it: rows without logprobs (full) or without prompts and answers
-    (a quick candidate's: 576 prompts per failing candidate would make the log hundreds of MB)."""
-    keys = ROW_KEYS if full else ("episode", "step", "wave", "symptoms")
+def _kept(run: dict, full: bool, extra: tuple = ()) -> dict:
+    """A run as the log keeps it: rows without logprobs (full; ``extra``: more row keys, e.g. the
+    control's margins) or without prompts and answers (a quick candidate's: 576 prompts per
+    failing candidate would make the log hundreds of MB)."""
+    keys = (ROW_KEYS + tuple(extra)) if full else ("episode", "step", "wave", "symptoms")
     return dict(run, rows=[{k: r.get(k) for k in keys} for r in run["rows"]])
 
 
