@@ -14,10 +14,12 @@
 #   bash scripts/gpu_cli.sh v2capture VERSION            # capture on Model Runner V2: trigger vs
 #                                                        # async-off reference, census, continuity,
 #                                                        # diverge, V2 capture overhead; packed
-#   bash scripts/gpu_cli.sh minimal [VERSION]            # issue 30 on a V1 release (default 0.28.0):
-#                                                        #   pooled verdict, shrink + plain-vLLM
-#                                                        #   script, capture + continuity, nb 04 06
-#   bash scripts/gpu_cli.sh pack_minimal [VERSION]       # pack what `minimal` wrote so far
+#   bash scripts/gpu_cli.sh minimal [VERSION]            # issue 30 on a V1 release (default 0.28.0;
+#                                                        #   0.26.0 is V1 + async too, on the image's
+#                                                        #   torch): pooled verdict, shrink + plain-
+#                                                        #   vLLM script, capture + continuity, nb 04 06
+#   bash scripts/gpu_cli.sh pack_minimal [VERSION]       # pack what `minimal` wrote so far (default:
+#                                                        #   the release `minimal` last started)
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
@@ -298,12 +300,15 @@ campaign() {  # DEADLINE_S: everything of one device call side by side, then pac
   tail -n 40 "$SS"/logs/*.log | cut -c1-220
 }
 
-minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28.0: V1 + async):
-  # the pooled verdict over three seed sets, the shrink of seeds 48:60 to a minimal workload, its
-  # plain-vLLM script run as the maintainer would (3x as exported, async off, V2), the capture of
-  # the failing seed set with continuity; notebooks 04 06 and the CUDA checks beside them
+minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28.0 and 0.26.0
+  # resolve Model Runner V1 for the hybrid tiny-gui and async scheduling on with MTP, so the
+  # async-off control isolates async): the pooled verdict over three seed sets, the shrink of seeds
+  # 48:60 to a minimal workload, its plain-vLLM script run as the maintainer would (3x as exported,
+  # async off, V2), the capture of the failing seed set with continuity; notebooks 04 06 and the
+  # CUDA checks beside them
   local v=${1:-0.28.0}; local M="$SS/$v/minimal"
   mkdir -p "$M" "$SS/logs"
+  echo "$v" > "$SS/minimal.version"  # pack_minimal's default
   ( bash "$0" setup "$v" > "$SS/logs/setup.log" 2>&1
     SS_TIMEOUT=1200 ss render_gpu "$v" render 04_where_state_diverges 06_hypotheses \
       --out "$SS/$v/gallery-gpu" --no-png --json
@@ -338,8 +343,9 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
 }
 
-pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call while it runs)
-  local v=${1:-0.28.0}
+pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call while it runs);
+  # default: the release `minimal` last started (then 0.28.0)
+  local v=${1:-$(cat "$SS/minimal.version" 2>/dev/null || echo 0.28.0)}
   pack minimal "$SS/$v/minimal"
   tar czf "$OUT/gallery.tar.gz" -C "$SS" "$v/gallery-gpu" "$v/cuda" logs commands.txt 2>/dev/null
   ls -la "$OUT"; tail -n 5 "$SS"/logs/*.log 2>/dev/null | cut -c1-200
@@ -362,5 +368,5 @@ case "${1:-}" in
   pack) shift; pack "$@" ;;
   minimal) shift; minimal "$@" ;;
   pack_minimal) shift; pack_minimal "$@" ;;
-  *) sed -n 2,24p "$0"; exit 2 ;;
+  *) sed -n 2,26p "$0"; exit 2 ;;
 esac
