@@ -307,18 +307,21 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
   # async off, V2), the capture of the failing seed set with continuity; notebooks 04 06 and the
   # CUDA checks beside them
   local v=${1:-0.28.0}; local M="$SS/$v/minimal"
+  # seeds: 48:60 failed 6/96 on 0.28.0; 0.26.0's recorded runs (data/results/gpu/cli/runs) fail
+  # in seeds 0-3 (4 of 192 requests): SS_MIN_SEEDS=0:6 SS_POOLED_SEEDS=0:36 there
+  local seeds=${SS_MIN_SEEDS:-48:60} pooled=${SS_POOLED_SEEDS:-48:84}
   mkdir -p "$M" "$SS/logs"
   echo "$v" > "$SS/minimal.version"  # pack_minimal's default
   ( bash "$0" setup "$v" > "$SS/logs/setup.log" 2>&1
-    SS_TIMEOUT=1200 ss render_gpu "$v" render 04_where_state_diverges 06_hypotheses \
+    [ "${SS_NO_RENDER:-0}" = 1 ] || SS_TIMEOUT=1200 ss render_gpu "$v" render 04_where_state_diverges 06_hypotheses \
       --out "$SS/$v/gallery-gpu" --no-png --json
     SS_RELEASE=$v cuda_checks > "$SS/logs/cuda.log" 2>&1 ) &
-  SS_JOBDIR="$M" bg ss pooled "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds 48:84 \
+  SS_JOBDIR="$M" bg ss pooled "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds "$pooled" \
     --seed-sets 3 --control no_async --runs "$M/runs" --run-id pooled --json
   capture_pair() {
-    SS_JOBDIR="$M" ss capture_trigger "$v" capture --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+    SS_JOBDIR="$M" ss capture_trigger "$v" capture --model "$MODEL" --preset "$PRESET" --seeds "$seeds" \
       --out "$M/cap/trigger" --json
-    SS_JOBDIR="$M" ss capture_reference "$v" capture --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+    SS_JOBDIR="$M" ss capture_reference "$v" capture --model "$MODEL" --preset "$PRESET" --seeds "$seeds" \
       --set async_scheduling=false --out "$M/cap/reference" --json
     local t r  # the capture run folder (OUT/records/ holds the answers, not a capture)
     t=$(dirname "$(ls "$M"/cap/trigger/*/manifest.json | head -1)")
@@ -330,7 +333,7 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
   bg capture_pair
   shrink_chain() {
     SS_TIMEOUT=1500 SS_JOBDIR="$M" ss shrink "$v" shrink --model "$MODEL" --preset "$PRESET" \
-      --seeds 48:60 --control no_async --keep-failing 3 --out "$M/shrink" --json
+      --seeds "$seeds" --control no_async --keep-failing 3 --out "$M/shrink" --json
     SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
     local i; for i in 1 2 3; do
       ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py > "as_exported_$i.log" 2>&1; echo "rc=$?" >> "as_exported_$i.log" )
