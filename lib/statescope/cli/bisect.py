@@ -43,8 +43,8 @@ EXIT_HELP = """outcomes (find-fix; find-regression mirrors them):
                                    left within a range (budget, time, builds not probed)
   (find-regression: first bad: X / already bad at the first build / none is bad)
 exit status:
-  0  answered (any outcome but inconclusive)
-  1  inconclusive, or a probe could not run where the answer needed it
+  0  answered (any outcome but inconclusive);
+  1  inconclusive, or a probe could not run where the answer needed it;
   2  bad input: an option, a build spec or a design that cannot answer
 """
 

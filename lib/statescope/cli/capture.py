@@ -207,7 +207,7 @@ def recover_command(args: argparse.Namespace) -> int:
         why = (rep.get("ended") or {}).get("why")
         print(f"{rep['run']}: {rep['steps_emitted']} spooled step(s) emitted; status {rep['status']}"
               + (f" ({why})" if why else ""))
-    return 0
+    return 1 if rep["status"] == "incomplete" else 0
 
 
 def add_capture_subcommands(subparsers: Any) -> None:
@@ -280,8 +280,10 @@ def add_capture_subcommands(subparsers: Any) -> None:
                               help="emit the spooled steps a killed capture left unwritten and "
                                    "close its status (incomplete unless every planned request "
                                    "had finished)",
-                              epilog="exit status: 0 recovered (or nothing to do), 2 bad input "
-                                     "(not a capture run, an unreadable spool)")
+                              epilog="exit status: 0 recovered complete (or nothing to do), 1 recovered "
+                                     "incomplete (fewer requests finished than planned: census "
+                                     "and diverge refuse it without --allow-incomplete), 2 bad "
+                                     "input (not a capture run, an unreadable spool)")
     r.add_argument("run", help="capture run directory")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=recover_command)

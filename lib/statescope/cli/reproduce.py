@@ -97,7 +97,7 @@ def _fixes(args: argparse.Namespace, preset: str | None) -> str:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from statescope.patches.faults import FaultSpec
     from statescope.progress import Progress
-    from statescope.verdict.inputs import parse_copy_semantics, parse_fault
+    from statescope.verdict.inputs import check_reproduce, parse_copy_semantics, parse_fault
     from statescope.verdict.reproduce import load_arm_run, replay_mode, reproduce
     from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
     from statescope.workload.importer import read_manifest
@@ -168,8 +168,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         for name in args.trigger_patch:
             parse_patch(name)  # bad names fail here, before any engine starts
         trigger.patches = tuple(args.trigger_patch)
-    _refuse_powerless(args, trace, None if args.trace else preset)
     mode = replay_mode(trace, args.replay)
+    # bad input first, in reproduce()'s order (a corrupt store, a prompt too long for the model),
+    # then the design's power: fixing the flags of a design is no use on a trace that cannot run
+    check_reproduce(trigger, control, trace, store_root=args.runs, run_id=args.run_id,
+                    runner=args.runner, unit=args.unit, concurrency=concurrency,
+                    episodes_per_lifetime=args.episodes_per_lifetime, alpha=args.alpha)
+    _refuse_powerless(args, trace, None if args.trace else preset)
     # reproduce() checks everything else (unit, alpha, runner, trace, store) before any engine
     # starts; without --run-id it claims a fresh, unique one
     arms = 1 if control_run is not None else 2
