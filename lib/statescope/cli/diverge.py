@@ -3,9 +3,11 @@ run's state first departs, in a terminal.
 
 What it does: parses the arguments, calls the library (``statescope.diverge.report``,
 ``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
-machines; ``statescope.diverge.text`` for people). Exit status, as every statescope report: 0 when
-no request diverges (``continuity``: no conv shift breaks), 1 when some do, 2 for bad input — a
-path that is not a capture run, or an incomplete capture (the engine raised, fewer requests
+machines; ``statescope.diverge.text`` for people). ``diverge`` pairs the two runs' states by token
+position (``--pairing auto``, the default; ``step`` for the old pairing by request step), and
+falls back to step pairing, with a warning, for a capture whose steps table cannot place states.
+Exit status, as every statescope report: 0 when no request diverges (``continuity``: no conv
+shift breaks), 1 when some do, 2 for bad input — a path that is not a capture run, or an incomplete capture (the engine raised, fewer requests
 finished than planned) unless ``--allow-incomplete``, which compares what it has and warns. ``statescope localize`` runs
 ``statescope.diverge.localize`` on a trigger's digest capture, its records and a control's, and
 prints (or writes) where its states first depart.
@@ -54,7 +56,8 @@ def diverge_command(args: argparse.Namespace) -> int:
     report = (_position_report(args) if args.by_position
               else divergence_report(args.run, args.reference, rtol=args.rtol,
                                      columns=args.columns,
-                                     allow_incomplete=args.allow_incomplete))
+                                     allow_incomplete=args.allow_incomplete,
+                                     pairing=getattr(args, "pairing", "auto")))
     run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
     table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
                              continuity=run_continuity(run))
@@ -83,6 +86,12 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "(resume), every captured column (all: needs draft-column captures), the "
                         "running column (running: older captures); auto = all, else resume, else "
                         "running, whichever both runs support (the report says which)")
+    p.add_argument("--pairing", default="auto", choices=("auto", "position", "step"),
+                   help="how the two runs' states are paired per request: by the token position "
+                        "each state stands for (position: runs that schedule differently line "
+                        "up), by request step (step: only runs that schedule alike); auto = "
+                        "position, else step with a warning (a capture lacking the step columns "
+                        "positions need); the report's 'paired by' line says which")
     p.add_argument("--allow-incomplete", action="store_true",
                    help="compare an incomplete capture (engine error, fewer requests finished "
                         "than planned) anyway, with a warning; without it such a run is refused "
@@ -90,7 +99,8 @@ def add_diverge_subcommand(subparsers: Any) -> None:
     p.add_argument("--all", action="store_true",
                    help="text form: list every request, not only those that diverge")
     p.add_argument("--by-position", action="store_true",
-                   help="compare full-mode captures by (request, token position) in tolerance units")
+                   help="compare full-mode captures' snapshots by (request, token position) in "
+                        "tolerance units (the digests are paired by position too: --pairing)")
     p.add_argument("--noise", nargs="*", default=[], metavar="CLEAN_RUN",
                    help="with --by-position: clean full-mode runs of the same prompts; tolerance "
                         "= 2x their largest difference from the reference (floor: 1/256 of scale)")

@@ -75,7 +75,8 @@ def position_report(run: Any, reference: Any, tolerance: Tolerance,
     frame = in_units(compare_states(states, reference), tolerance)
     label = reference_label or getattr(reference, "label", type(reference).__name__)
     report = DivergenceReport(str(states.run.path), label, conv_window=states.window,
-                              unit="tolerance units", tolerance=tolerance.to_dict())
+                              unit="tolerance units", tolerance=tolerance.to_dict(),
+                              pairing="token position")
     if frame.empty:
         return report
     report.gdn_layers = int(frame["layer"].nunique())

@@ -1,8 +1,24 @@
 """Line two capture runs of one workload up and say where their state digests first differ.
 
 What it does: ``digest_diff(a, b)`` joins the digests of two runs on what is stable across runs —
-the prompt (``prompt_sha``), the request's own step counter, layer and state kind — and marks each
-pair ``same``:
+the prompt (``prompt_sha``: requests are matched by their prompt), layer, state kind and where in
+the request the state stands (``pairing``):
+
+- ``"position"``: the token position the state stands for (``statescope.diverge.positions``: the
+  runner's computed-token count, the non-draft tokens scheduled and the drafts accepted). Two runs
+  that schedule a request differently — async scheduling on or off, another
+  ``max_num_batched_tokens``, other batch partners, other speculative acceptance — take different
+  numbers of steps to reach one token, and their states still pair. Positions only one run has (a
+  prefill chunked elsewhere, a prefix hit, a run that stopped at another token, states of rejected
+  drafts) do not join; ``attrs["unpaired"]`` counts them per prompt. Where one run reaches a
+  position twice the later step's state is kept. ``req_step`` is ``b``'s step (``req_step_a`` /
+  ``req_step_b`` both runs');
+- ``"step"`` (the default here, for callers comparing runs of one configuration): the request's
+  own step counter, which lines up only where both runs scheduled the request alike;
+- ``"auto"``: position where both runs' step tables can place their states, else step, with the
+  reason in ``attrs["pairing_fallback"]`` (``compared_pairing``); ``attrs["pairing"]`` says which.
+
+Each pair is marked ``same``:
 
 - recurrent state (``ssm``): the exact numbers agree (the word-sum ``checksum`` and, where both
   runs recorded it, the position-keyed word ``hash``) and the float statistics agree within
@@ -29,7 +45,8 @@ and why, and the frame carries it in ``attrs["columns"]``):
 callers) compares the j-th column after the running one, whatever it is.
 
 ``first_divergence(a, b)`` reduces that to one row per request: the first request-local step
-where anything differs, the layers there (in model order), the origin layer (the first of them:
+where anything differs (by position: ``b``'s step at the first differing position,
+``first_position``), the layers there (in model order), the origin layer (the first of them:
 within a step, information only flows to later layers) and its kinds, and the kinds of any layer.
 ``shifts_by_request(run)`` lists, per request, the steps at which the census saw an in-place
 conv shift (``left_shift_same_block`` with bytes to move).
@@ -41,7 +58,8 @@ C kernel vs the torch path) compare as usual (their floats agree to ~4e-6 relati
 default ``rtol``) with a warning, since a tighter ``rtol`` would flag kernel noise as divergence.
 
 What it deliberately does not do: decide which hypothesis a divergence supports (the verdict
-tools do) or compare runs of different workloads (rows that do not join are dropped).
+tools do), count a position only one run has as a difference, or compare runs of different
+workloads (rows that do not join are dropped).
 """
 from __future__ import annotations
 
@@ -51,9 +69,12 @@ import numpy as np
 import pandas as pd
 
 from statescope.capture.store import CaptureRun
+from statescope.diverge.positions import digest_positions, position_support, token_positions
 from statescope.errors import InputError
 
 KEYS = ["prompt_sha", "req_step", "layer", "kind"]
+POSITION_KEYS = ["prompt_sha", "position", "layer", "kind"]
+PAIRINGS = ("auto", "position", "step")
 COLUMN_MODES = ("auto", "all", "resume", "running")
 COLUMN_NOTES = {
     "all": "every captured column: the recurrent state of the running column and each draft "
@@ -106,7 +127,8 @@ def compared_columns(a: CaptureRun, b: CaptureRun, columns: str = "auto") -> str
                 if support[mode](a) and support[mode](b))
 
 
-def _digests(run: CaptureRun, mode: str, column_offset: int | None) -> pd.DataFrame:
+def _digests(run: CaptureRun, mode: str, column_offset: int | None,
+             by_position: bool = False) -> pd.DataFrame:
     d, st = run.digests(), run.steps()
     if d.empty:
         return d
@@ -121,8 +143,18 @@ def _digests(run: CaptureRun, mode: str, column_offset: int | None) -> pd.DataFr
         d = d[~conv | (d["column_offset"] == 0)]
     else:
         d = d[d["column_offset"] == 0]
-    off = st[["req_id", "engine_step", "conv_live_offset"]]
-    return d.merge(off, on=["req_id", "engine_step"], how="left")
+    if not by_position:
+        off = st[["req_id", "engine_step", "conv_live_offset"]]
+        return d.merge(off, on=["req_id", "engine_step"], how="left")
+    st = token_positions(st)
+    if "conv_live_offset" not in st:  # a capture without drafts: every live window starts at 0
+        st = st.assign(conv_live_offset=0)
+    d = d.merge(st[["req_id", "engine_step", "conv_live_offset", "end_position"]],
+                on=["req_id", "engine_step"], how="left")
+    d = d.assign(position=digest_positions(d))
+    d = d[d["position"].notna()].astype({"position": "int64"})
+    # one state per (prompt, layer, kind, position): the latest step's, if two steps reach one
+    return d.sort_values("req_step", kind="stable").drop_duplicates(POSITION_KEYS, keep="last")
 
 
 def _live(values, offset, width: int) -> list | None:
@@ -160,23 +192,67 @@ def _live_same(r: pd.Series, width: int, rtol: float, with_hash: bool) -> bool:
     return bool((_rel(np.array(sa, float), np.array(sb, float)) <= rtol).all())
 
 
+def compared_pairing(a: CaptureRun, b: CaptureRun, pairing: str = "step") -> tuple[str, str | None]:
+    """``("position" | "step", why)``: how two runs' rows are paired (see the module docstring);
+    ``why`` names the run and columns behind a fallback from ``auto`` to step pairing. An
+    explicit ``position`` one of the runs cannot support is an ``InputError``."""
+    if pairing not in PAIRINGS:
+        raise InputError(f"digest_diff pairing={pairing!r}: expected one of {PAIRINGS}")
+    if pairing == "step":
+        return "step", None
+    why = position_support(a) or position_support(b)
+    if why is None:
+        return "position", None
+    if pairing == "position":
+        raise InputError(f"{why}: cannot pair its states by token position (pairing='step' "
+                         "pairs by request step)")
+    return "step", why
+
+
+def _unpaired(da: pd.DataFrame, db: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
+    """Per prompt of both runs: token positions with states in one run only (no row joined)."""
+    both = set(da["prompt_sha"]) & set(db["prompt_sha"])
+    joined = set(zip(m["prompt_sha"], m["position"]))
+    rows = {}
+    for side, d in (("a", da), ("b", db)):
+        keys = set(zip(d["prompt_sha"], d["position"])) - joined
+        for sha, _ in keys:
+            if sha in both:
+                rows.setdefault(sha, {"a": 0, "b": 0})[side] += 1
+    out = pd.DataFrame([{"prompt_sha": k, "only_a": v["a"], "only_b": v["b"]}
+                        for k, v in sorted(rows.items())],
+                       columns=["prompt_sha", "only_a", "only_b"])
+    return out
+
+
 def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5, conv: str = "live",
-                column_offset: int | None = None, columns: str = "auto") -> pd.DataFrame:
-    """One row per joined (prompt, request step, layer, kind[, column offset]) with ``same``;
-    ``attrs["columns"]`` says which columns were compared (see the module docstring)."""
+                column_offset: int | None = None, columns: str = "auto",
+                pairing: str = "step") -> pd.DataFrame:
+    """One row per joined (prompt, request step | token position, layer, kind[, column offset])
+    with ``same``; ``attrs["columns"]`` says which columns were compared, ``attrs["pairing"]``
+    how rows were paired (see the module docstring)."""
     if conv not in ("live", "window"):
         raise InputError(f"digest_diff conv={conv!r}: expected 'live' or 'window'")
     mode = "offset" if column_offset is not None else compared_columns(a, b, columns)
-    da, db = _digests(a, mode, column_offset), _digests(b, mode, column_offset)
+    paired, why = compared_pairing(a, b, pairing)
+    by_position = paired == "position"
+    da, db = (_digests(a, mode, column_offset, by_position),
+              _digests(b, mode, column_offset, by_position))
+    attrs = {"columns": mode, "pairing": paired, "pairing_fallback": why}
     if da.empty or db.empty:
-        out = pd.DataFrame(columns=KEYS + ["same"])
-        out.attrs["columns"] = mode
+        out = pd.DataFrame(columns=(POSITION_KEYS if by_position else KEYS) + ["same"])
+        out.attrs.update(attrs)
         return out
     stats = [c for c in a.manifest.get("digest_stats", []) if c in da.columns and c in db.columns]
     if not comparable_stats(a, b):
         stats = []
-    keys = KEYS + (["column_offset"] if mode == "all" else [])
-    m = da.merge(db, on=keys, suffixes=("_a", "_b"))
+    if by_position:  # the position is the key: a column offset or step may differ between runs
+        m = da.merge(db, on=POSITION_KEYS, suffixes=("_a", "_b"))
+        attrs["unpaired"] = _unpaired(da, db, m)
+        m["req_step"] = m["req_step_b"]  # the second run's step (diverge: the run's)
+    else:
+        keys = KEYS + (["column_offset"] if mode == "all" else [])
+        m = da.merge(db, on=keys, suffixes=("_a", "_b"))
     va, vb = m[[s + "_a" for s in stats]].to_numpy(float), m[[s + "_b" for s in stats]].to_numpy(float)
     m["stat_rel_diff"] = _rel(va, vb).max(axis=1) if stats else 0.0
     m["same"] = _exact_same(m) & (m["stat_rel_diff"] <= rtol)
@@ -187,7 +263,7 @@ def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5, conv: str = "l
         live = [_live_same(r, width, rtol, with_hash) for _, r in m[is_conv].iterrows()]
         if live:  # a table without conv rows (e.g. a recurrent-only spec) has nothing to set
             m.loc[is_conv, "same"] = live
-    m.attrs["columns"] = mode
+    m.attrs.update(attrs)
     return m
 
 
@@ -201,14 +277,19 @@ def sorted_layers(names) -> list[str]:
 
 
 def first_divergence(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
-                     conv: str = "live", columns: str = "auto") -> pd.DataFrame:
-    """Per request (prompt): first differing request step, the layers there (model order), the
-    origin layer and its kinds, the kinds of any layer (``kinds``), steps compared."""
-    m = digest_diff(a, b, rtol, conv, columns=columns)
+                     conv: str = "live", columns: str = "auto", pairing: str = "step") -> pd.DataFrame:
+    """Per request (prompt): first differing request step (``b``'s, with ``pairing`` "position":
+    the step of ``b`` at the first differing token position, in ``first_position``), the layers
+    there (model order), the origin layer and its kinds, the kinds of any layer (``kinds``),
+    steps compared."""
+    m = digest_diff(a, b, rtol, conv, columns=columns, pairing=pairing)
+    by_position = m.attrs.get("pairing") == "position"
     rows = []
     for sha, g in m.groupby("prompt_sha"):
         bad = g[~g["same"].astype(bool)]
-        first = int(bad["req_step"].min()) if len(bad) else None
+        pos = int(bad["position"].min()) if by_position and len(bad) else None
+        first = (int(bad[bad["position"] == pos]["req_step"].min()) if pos is not None
+                 else int(bad["req_step"].min()) if len(bad) else None)
         at = bad[bad["req_step"] == first] if first is not None else bad
         layers = sorted_layers(at["layer"])
         origin = layers[0] if layers else None
@@ -217,9 +298,10 @@ def first_divergence(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
                      "steps_compared": int(g["req_step"].nunique()), "first_step": first,
                      "kinds": sorted(at["kind"].unique()), "layers": layers,
                      "origin_layer": origin,
-                     "origin_kinds": sorted(at[at["layer"] == origin]["kind"].unique())})
+                     "origin_kinds": sorted(at[at["layer"] == origin]["kind"].unique()),
+                     **({"first_position": pos} if by_position else {})})
     out = pd.DataFrame(rows)
-    out.attrs["columns"] = m.attrs.get("columns")
+    out.attrs.update({k: m.attrs.get(k) for k in ("columns", "pairing", "pairing_fallback")})
     return out
 
 

@@ -2,9 +2,18 @@
 
 What it does: ``divergence_report(run_dir, reference_dir)`` lines the two runs up with
 ``digest_diff.digest_diff`` — by default on the column each step's successor resumes from, or on
-every column when both runs digested the draft columns; the report's ``columns`` says which — and,
-per request (prompt), reports the first request-local step where a digest differs, layer by layer
-(``per_layer``, in model order): which state kinds, which live conv rows (row 0 = the window's
+every column when both runs digested the draft columns; the report's ``columns`` says which —
+pairing each request's states (requests matched by prompt) by the token position they stand for
+(``pairing="auto"``, ``statescope.diverge.positions``), so a run that scheduled differently from
+its reference (async on vs off, another ``max_num_batched_tokens``, other batch partners, other
+acceptance) is compared token for token. The report's ``pairing`` says ``token position`` or
+``engine step (fallback: <why>)``: a capture whose steps table lacks the columns positions need
+is paired by request step, with a warning. Positions present in one run only are no divergence:
+``unpaired_positions`` counts them (report and request). Per request it reports the first paired
+position whose digests differ (``position``), the run's step that reached it (``first_step``: the
+run's own step counter, which the events and hypotheses read) and the reference's
+(``reference_step``), and every difference of that run step, layer by layer (``per_layer``, in
+model order, each with its first ``position``): which state kinds, which live conv rows (row 0 = the window's
 leading, oldest row; the last = the newest), which block columns of the recurrent state, the size
 of the difference (largest relative difference of a statistic, or of a live row's sum for the conv
 window) and whether NaN/Inf appeared. The first layer that differs is the ``origin_layer`` (within
@@ -18,15 +27,20 @@ copy, post-process copies, and which engine steps also ran a prefill.
 
 An incomplete run (``CaptureRun.ending()``: the engine raised, fewer requests finished than
 planned, hook errors, never closed) is refused with an ``InputError`` naming it, unless
-``allow_incomplete``: then the report carries a loud warning. Requests whose two runs captured
-different numbers of steps are named in the warnings too.
+``allow_incomplete``: then the report carries a loud warning. Paired by step, requests whose two
+runs captured different numbers of steps are named in the warnings too (by position they are
+expected and only counted: ``steps_run`` / ``steps_reference``). Paired by position, steps
+that scheduled drafts without an accepted count are warned about (their states have no
+position); a recorded computed-token count that differs from the carried one (async
+scheduling's optimistic count) is a ``notes`` line.
 
 ``statescope.diverge.by_position`` builds the same report by token position in tolerance units.
 ``DivergenceReport`` has ``to_dict()``, ``text()`` (the terminal form), ``_repr_html_`` and
 ``heatmap()`` (plotly, layer × step or token position, log10 of the difference).
 
 What it deliberately does not do: judge which mechanism fits (``statescope.diverge.hypotheses``), record
-runs (``statescope.capture.session``) or compare runs of different workloads.
+runs (``statescope.capture.session``), compare runs of different workloads, or compare states at
+positions only one run reached.
 """
 from __future__ import annotations
 
@@ -124,7 +138,8 @@ def step_events(run: CaptureRun, req_id: str, steps: list[int]) -> dict[str, Any
         if nct[s] // bs != after // bs:
             ev["block_crossing"] = True
     ev["num_drafts"] = [int(x) for x in at["num_drafts"]]
-    ev["accepted"] = [int(x) if pd.notna(x) else None for x in at["accepted"]]
+    acc = next((c for c in ("accepted", "num_accepted_sampled") if c in at), None)
+    ev["accepted"] = [int(x) if pd.notna(x) else None for x in at[acc]] if acc else []
     if {"num_accepted_sampled", "num_accepted_used"} <= set(at.columns):
         pairs = at[["num_accepted_sampled", "num_accepted_used"]].dropna()
         if len(pairs):  # the count the state update used vs the one sampled (H-accept)
@@ -163,6 +178,9 @@ class DivergenceReport:
     columns: str | None = None  # which block columns were compared (digest_diff.COLUMN_NOTES)
     warnings: list[str] = field(default_factory=list)  # incomplete runs, step counts that differ
     endings: dict = field(default_factory=dict)  # "run" / "reference" -> CaptureRun.ending()
+    pairing: str | None = None  # "token position" | "engine step (fallback: ...)" | "engine step"
+    unpaired_positions: dict | None = None  # by position: states in one run only (not compared)
+    notes: list[str] = field(default_factory=list)  # facts worth a line that are no warning
 
     @property
     def diverged(self) -> list[dict]:
@@ -172,7 +190,8 @@ class DivergenceReport:
         return {"run": self.run, "reference": self.reference, "gdn_layers": self.gdn_layers,
                 "conv_window": self.conv_window, "unit": self.unit, "tolerance": self.tolerance,
                 "columns": self.columns, "columns_note": COLUMN_NOTES.get(self.columns or ""),
-                "warnings": self.warnings, "endings": self.endings,
+                "pairing": self.pairing, "unpaired_positions": self.unpaired_positions,
+                "warnings": self.warnings, "notes": self.notes, "endings": self.endings,
                 "requests_compared": len(self.requests),
                 "requests_diverged": len(self.diverged), "requests": self.requests}
 
@@ -226,7 +245,8 @@ class DivergenceReport:
                 f"{len(self.diverged)} of {len(self.requests)} requests diverge "
                 f"({self.gdn_layers} GDN layers, live conv window {self.conv_window} rows; "
                 f"conv row 0 = leading/oldest; magnitude in {self.unit}; compared: "
-                f"{html.escape(COLUMN_NOTES.get(self.columns or '', 'by position'))}).</p>")
+                f"{html.escape(COLUMN_NOTES.get(self.columns or '', 'by position'))}; paired by: "
+                f"{html.escape(self.pairing or 'engine step')}).</p>")
         warn = "".join(f"<p><b>WARNING</b>: {html.escape(w)}</p>" for w in self.warnings)
         table = self.table()
         more = (f"<p>… {len(table) - REPR_HTML_ROWS} more rows: <code>.to_frame()</code> has them "
@@ -339,54 +359,124 @@ def check_completeness(report: DivergenceReport, runs: dict, allow_incomplete: b
         report.warnings.append("INCOMPLETE: " + msg + "; only the steps it captured are compared")
 
 
+PAIRING_NOTES = {"position": "token position", "step": "engine step"}
+
+
+def _pairing_label(paired: str, fallback: str | None) -> str:
+    label = PAIRING_NOTES.get(paired, paired)
+    return f"{label} (fallback: {fallback})" if fallback else label
+
+
+def _position_checks(report: DivergenceReport, runs: dict) -> None:
+    """Warn where a step has no position; note recorded computed-token counts that differ from
+    the accepted tokens carried step to step (async scheduling's optimistic count)."""
+    from statescope.diverge.positions import position_checks, token_positions
+
+    for what, run in runs.items():
+        c = position_checks(token_positions(run.steps()))
+        if c["unplaced"]:
+            report.warnings.append(
+                f"{what} {run.path}: {c['unplaced']} step row(s) scheduled drafts but recorded no "
+                "accepted count: their states have no token position and are not compared")
+        for key, name in (("scheduler_differs", "the scheduler's num_computed_tokens"),
+                          ("runner_differs", "the runner's num_computed_runner")):
+            if c[key]:
+                report.notes.append(
+                    f"{what}: {name} differs from the tokens carried from the previous step in "
+                    f"{c[key]} step row(s) (async scheduling counts drafts before their rejection "
+                    "is known); positions follow the accepted tokens")
+
+
+def _request_record(g: pd.DataFrame, run: CaptureRun, steps_of: dict, by_position: bool,
+                    unpaired: dict) -> dict[str, Any]:
+    sha = g["prompt_sha"].iloc[0]
+    bad = g[~g["same"].astype(bool)]
+    n_run, n_ref = (int(steps_of[k].get(sha, 0)) for k in ("run", "reference"))
+    rec: dict[str, Any] = {"prompt_sha": sha, "req_id": g["req_id_b"].iloc[0],
+                           "reference_req_id": g["req_id_a"].iloc[0],
+                           "steps_compared": int(g["req_step"].nunique()),
+                           "steps_run": n_run, "steps_reference": n_ref, "first_step": None,
+                           "origin_layer": None, "kinds": [], "layers": [], "conv_rows": [],
+                           "per_layer": [], "magnitude": 0.0, "nan_or_inf": False,
+                           "ssm_lag": None, "events": {}}
+    if by_position:
+        only_run, only_ref = unpaired.get(sha, (0, 0))
+        rec.update(position=None, reference_step=None,
+                   positions_compared=int(g["position"].nunique()),
+                   unpaired_positions={"run": int(only_run), "reference": int(only_ref)})
+    if bad.empty:
+        return rec
+    if by_position:  # the first paired position that differs; the run's step that reached it
+        pos = int(bad["position"].min())
+        first_rows = bad[bad["position"] == pos]
+        first = int(first_rows["req_step"].min())
+        rec.update(position=pos, reference_step=int(first_rows["req_step_a"].min()))
+    else:
+        first = int(bad["req_step"].min())
+    at = bad[bad["req_step"] == first]  # every row of that run step that differs
+    per_layer = _per_layer(at)
+    if by_position:
+        for pl in per_layer:
+            pl["position"] = int(at[at["layer"] == pl["layer"]]["position"].min())
+    origin = per_layer[0]
+    mine = bad[bad["layer"] == origin["layer"]]
+    bad_ssm = mine[mine["kind"] == "ssm"]["req_step"]
+    rec.update(first_step=first, origin_layer=origin["layer"], kinds=origin["kinds"],
+               layers=[x["layer"] for x in per_layer], conv_rows=origin["conv_rows"],
+               per_layer=per_layer, magnitude=origin["magnitude"],
+               nan_or_inf=any(x["nan_or_inf"] for x in per_layer),
+               ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
+               events=step_events(run, rec["req_id"],
+                                  list(range(max(0, first - EVENT_WINDOW), first + 1))))
+    return rec
+
+
 def divergence_report(run_dir: str | os.PathLike | CaptureRun,
                       reference_dir: str | os.PathLike | CaptureRun,
                       rtol: float = 1e-5, columns: str = "auto",
-                      allow_incomplete: bool = False) -> DivergenceReport:
+                      allow_incomplete: bool = False, pairing: str = "auto") -> DivergenceReport:
     """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts);
-    ``columns``: which block columns (``digest_diff``: auto | all | resume | running)."""
+    ``columns``: which block columns (``digest_diff``: auto | all | resume | running);
+    ``pairing``: auto (token position, else request step with a warning) | position | step."""
     run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
     width = int(run.manifest.get("conv_window", 0))
     report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
     check_completeness(report, {"run": run, "reference": ref}, allow_incomplete)
-    m = digest_diff(ref, run, rtol, columns=columns)
+    m = digest_diff(ref, run, rtol, columns=columns, pairing=pairing)
     report.columns = m.attrs.get("columns")
+    by_position = m.attrs.get("pairing") == "position"
+    fallback = m.attrs.get("pairing_fallback")
+    report.pairing = _pairing_label(m.attrs.get("pairing"), fallback)
+    if fallback:
+        report.warnings.append(
+            f"paired by engine step, not token position: {fallback} (an older capture); where the "
+            "two runs scheduled a request differently its steps do not line up and may show as "
+            "a false divergence")
+    if by_position:
+        _position_checks(report, {"run": run, "reference": ref})
+    unpaired_frame = m.attrs.get("unpaired")
+    unpaired = ({} if unpaired_frame is None else
+                {r.prompt_sha: (r.only_b, r.only_a) for r in unpaired_frame.itertuples()})
+    if by_position:  # a of digest_diff is the reference, b the run
+        report.unpaired_positions = {
+            "run": int(sum(v[0] for v in unpaired.values())),
+            "reference": int(sum(v[1] for v in unpaired.values())),
+            "requests": int(sum(1 for v in unpaired.values() if v[0] or v[1]))}
     if m.empty:
         return report
     m = _magnitudes(m, width)
     report.gdn_layers = int(m["layer"].nunique())
-    report.cells = m[["prompt_sha", "req_id_b", "req_step", "layer", "kind", "magnitude"]]
+    report.cells = m[["prompt_sha", "req_id_b", "req_step", "layer", "kind", "magnitude"]
+                     + (["position"] if by_position else [])]
     steps_of = {r: st.groupby("prompt_sha")["req_step"].nunique()
                 for r, st in (("run", run.steps()), ("reference", ref.steps()))}
     short = []
     for sha, g in m.groupby("prompt_sha"):
-        bad = g[~g["same"].astype(bool)]
-        n_run, n_ref = (int(steps_of[k].get(sha, 0)) for k in ("run", "reference"))
-        if n_run != n_ref:
-            short.append(f"{g['req_id_b'].iloc[0]} ({n_run} vs {n_ref})")
-        rec: dict[str, Any] = {"prompt_sha": sha, "req_id": g["req_id_b"].iloc[0],
-                               "reference_req_id": g["req_id_a"].iloc[0],
-                               "steps_compared": int(g["req_step"].nunique()),
-                               "steps_run": n_run, "steps_reference": n_ref, "first_step": None,
-                               "origin_layer": None, "kinds": [], "layers": [], "conv_rows": [],
-                               "per_layer": [], "magnitude": 0.0, "nan_or_inf": False,
-                               "ssm_lag": None, "events": {}}
-        if len(bad):
-            first = int(bad["req_step"].min())
-            at = bad[bad["req_step"] == first]
-            per_layer = _per_layer(at)
-            origin = per_layer[0]
-            mine = bad[bad["layer"] == origin["layer"]]
-            bad_ssm = mine[mine["kind"] == "ssm"]["req_step"]
-            rec.update(first_step=first, origin_layer=origin["layer"], kinds=origin["kinds"],
-                       layers=[x["layer"] for x in per_layer], conv_rows=origin["conv_rows"],
-                       per_layer=per_layer, magnitude=origin["magnitude"],
-                       nan_or_inf=any(x["nan_or_inf"] for x in per_layer),
-                       ssm_lag=(int(bad_ssm.min()) - first) if len(bad_ssm) else None,
-                       events=step_events(run, rec["req_id"],
-                                          list(range(max(0, first - EVENT_WINDOW), first + 1))))
+        rec = _request_record(g, run, steps_of, by_position, unpaired)
+        if rec["steps_run"] != rec["steps_reference"]:
+            short.append(f"{rec['req_id']} ({rec['steps_run']} vs {rec['steps_reference']})")
         report.requests.append(rec)
-    if short:
+    if short and not by_position:  # by position a different step count is no misalignment
         report.warnings.append(f"{len(short)} request(s) captured a different number of steps in "
                                f"the run than in the reference (run vs reference): "
                                f"{', '.join(short[:8])}{' ...' if len(short) > 8 else ''}")

@@ -1,9 +1,12 @@
 """The terminal form of a divergence report and a hypothesis table: short, integer steps, layer numbers.
 
 What it does: ``report_text(report)`` says how many requests diverge, which block columns were
-compared, any warning (an incomplete run, step counts that differ), then one line per diverging
-request — first step, origin layer and its kinds, every layer that differs there, live conv rows,
-magnitude, the step's events — and under it the per-layer detail; requests that do not diverge
+compared, how rows were paired (token position, or engine step and why), the positions only one
+run has (unpaired: not compared), any warning (an incomplete run, a fallback to step pairing,
+step counts that differ under step pairing) and note, then one line per diverging request — first
+step (the run's; its token position and the reference's step there), origin layer and its kinds,
+every layer that differs there, live conv rows, magnitude, the step's events — and under it the
+per-layer detail; requests that do not diverge
 are counted, not listed (``all_requests`` lists them). ``hypotheses_text(table)`` gives the
 finding line (the mechanism that fits, or "no mechanism fits the evidence") and the table.
 
@@ -57,21 +60,35 @@ def report_text(report: Any, all_requests: bool = False) -> str:
              f"({report.run} vs reference {report.reference}; magnitude in {report.unit})"]
     if report.columns:
         lines.append(f"compared: {COLUMN_NOTES.get(report.columns, report.columns)}")
+    if getattr(report, "pairing", None):
+        lines.append(f"paired by: {report.pairing}")
+    un = getattr(report, "unpaired_positions", None)
+    if un and (un.get("run") or un.get("reference")):
+        lines.append(f"unpaired positions: {un['run']} in the run only, {un['reference']} in the "
+                     f"reference only ({un['requests']} request(s): a schedule that chunked, hit "
+                     "the prefix cache or stopped at another token; not compared, not divergences)")
     lines += [f"WARNING: {w}" for w in report.warnings]
+    lines += [f"note: {n}" for n in getattr(report, "notes", None) or []]
     shown = report.requests if all_requests else report.diverged
     if shown:
         lines.append("")
         for r in shown:
             if r["first_step"] is None:
-                lines.append(f"{r['req_id']}: no divergence in {r['steps_compared']} steps")
+                lines.append(f"{r['req_id']}: no divergence in {r['steps_compared']} steps"
+                             + (f" ({r['positions_compared']} token positions)"
+                                if r.get("positions_compared") is not None else ""))
                 continue
+            paired = r.get("reference_step") is not None  # diverge, paired by position
             where = f"step {r['first_step']}" + (f" (token position {r['position']})"
-                                                 if r.get("position") is not None else "")
+                                                 if r.get("position") is not None and not paired
+                                                 else "")
             lines.append(f"{r['req_id']}: first divergence at {where}, origin layer "
                          f"{_layer(r.get('origin_layer')) or '?'} ({'+'.join(r['kinds'])}); layers "
                          f"{','.join(_layer(x) for x in r['layers'])}; conv rows "
                          f"{_fmt(r['conv_rows'])}; magnitude {_fmt(r['magnitude'])}"
-                         + ("; NaN/Inf" if r.get("nan_or_inf") else ""))
+                         + ("; NaN/Inf" if r.get("nan_or_inf") else "")
+                         + (f"; token position {r['position']} (reference step "
+                            f"{r['reference_step']})" if paired else ""))
             for pl in r.get("per_layer") or []:
                 cols = f", recurrent columns {_fmt(pl['ssm_columns'])}" if pl.get("ssm_columns") else ""
                 lines.append(f"    layer {_layer(pl['layer'])}: {'+'.join(pl['kinds'])}, conv rows "
