@@ -127,7 +127,8 @@ def test_another_schedule_to_the_same_states_is_no_divergence(tmp_path, mode):
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED), mode)
     old = divergence_report(b, a, pairing="step")  # what diverge reported before issue 29
     assert old.pairing == "engine step" and [r["first_step"] for r in old.diverged] == [1]
-    report = divergence_report(b, a)
+    assert divergence_report(b, a).pairing == "engine step"  # position pairing is opt-in
+    report = divergence_report(b, a, pairing="auto")
     assert report.pairing == "token position" and report.diverged == [], report.text()
     rec = report.requests[0]
     assert rec["steps_run"] == 4 and rec["steps_reference"] == 3
@@ -147,7 +148,7 @@ def test_a_state_that_differs_is_reported_at_its_position(tmp_path):
     a = _capture(tmp_path / "a", _schedule(A_ACCEPTED))
     # run B's recurrent state after token 10, in its last layer only: B's step 2 (A's step 1)
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED), bad={(10, LAYERS[1], "ssm"): 1})
-    report = divergence_report(b, a)
+    report = divergence_report(b, a, pairing="auto")
     (rec,) = report.diverged
     assert rec["position"] == 10 and rec["first_step"] == 2 and rec["reference_step"] == 1
     assert rec["origin_layer"] == LAYERS[1] and rec["kinds"] == ["ssm"]
@@ -163,18 +164,18 @@ def test_a_state_that_differs_is_reported_at_its_position(tmp_path):
     a_all = _capture(tmp_path / "a_all", _schedule(A_ACCEPTED), "all")
     b_all = _capture(tmp_path / "b_all", _schedule(B_ACCEPTED), "all",
                      bad={(9, LAYERS[0], "ssm"): 5, (10, LAYERS[1], "ssm"): 1})
-    (rec,) = divergence_report(b_all, a_all).diverged
+    (rec,) = divergence_report(b_all, a_all, pairing="auto").diverged
     assert rec["position"] == 9 and rec["first_step"] == 2 and rec["origin_layer"] == LAYERS[0]
     # resume mode compares the column each step resumes from: token 9's state sits in B's
     # running column only, so it is not compared and the difference shows at token 10
-    assert divergence_report(b2, a).diverged[0]["position"] == 10
+    assert divergence_report(b2, a, pairing="auto").diverged[0]["position"] == 10
 
 
 def test_a_conv_window_that_differs_is_reported_at_its_position(tmp_path):
     a = _capture(tmp_path / "a", _schedule(A_ACCEPTED), "running")
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED), "running",
                  bad={(11, LAYERS[0], "conv"): 3})
-    (rec,) = divergence_report(b, a).diverged
+    (rec,) = divergence_report(b, a, pairing="auto").diverged
     assert rec["position"] == 11 and rec["first_step"] == 3 and rec["reference_step"] == 2
     assert rec["kinds"] == ["conv"] and rec["conv_rows"] == [W - 1]  # the newest live row
 
@@ -186,19 +187,19 @@ def test_async_scheduler_count_running_ahead_still_pairs(tmp_path):
     a = _capture(tmp_path / "a", _schedule(A_ACCEPTED))
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED, optimistic=True))
     assert (b.steps()["num_computed_tokens"] > b.steps()["num_computed_runner"]).any()
-    report = divergence_report(b, a)
+    report = divergence_report(b, a, pairing="auto")
     assert report.diverged == [] and any("num_computed_tokens differs" in n for n in report.notes)
     # Model Runner V2 under async scheduling: its host count mirrors the scheduler's
     v2 = _capture(tmp_path / "v2", [dict(s, num_computed_runner=s["num_computed_tokens"])
                                     for s in _schedule(B_ACCEPTED, optimistic=True)])
-    report = divergence_report(v2, a)
+    report = divergence_report(v2, a, pairing="auto")
     assert report.diverged == [] and any("num_computed_runner differs" in n for n in report.notes)
     carried = _capture(tmp_path / "c", _schedule(B_ACCEPTED, optimistic=True),
                        drop=("num_computed_runner",))
     st = token_positions(carried.steps())
     assert st.sort_values("req_step")["computed_from"].tolist() == \
         ["scheduler", "carried", "carried", "carried"]
-    assert divergence_report(carried, a).diverged == []
+    assert divergence_report(carried, a, pairing="auto").diverged == []
 
 
 def test_a_capture_without_the_position_columns_falls_back_to_step_pairing(tmp_path, capsys):
@@ -207,7 +208,7 @@ def test_a_capture_without_the_position_columns_falls_back_to_step_pairing(tmp_p
     a = _capture(tmp_path / "a", _schedule(A_ACCEPTED))
     old = _capture(tmp_path / "old", _schedule(B_ACCEPTED),
                    drop=("accepted", "num_accepted_sampled"))
-    report = divergence_report(old, a)
+    report = divergence_report(old, a, pairing="auto")
     assert report.pairing.startswith("engine step (fallback: ") and "accepted" in report.pairing
     assert any("paired by engine step, not token position" in w and str(old.path) in w
                for w in report.warnings)
@@ -218,7 +219,7 @@ def test_a_capture_without_the_position_columns_falls_back_to_step_pairing(tmp_p
         divergence_report(old, a, pairing="position")
     with pytest.raises(Exception, match="cannot pair"):
         digest_diff(a, old, pairing="position")
-    assert main(["diverge", str(old.path), "--reference", str(a.path)]) == 1
+    assert main(["diverge", str(old.path), "--reference", str(a.path), "--pairing", "auto"]) == 1
     out, err = capsys.readouterr()
     assert "paired by: engine step (fallback: " in out and "WARNING: paired by engine step" in err
 
@@ -228,7 +229,7 @@ def test_cli_pairs_by_position_and_says_so(tmp_path, capsys):
 
     a = _capture(tmp_path / "a", _schedule(A_ACCEPTED))
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED))
-    assert main(["diverge", str(b.path), "--reference", str(a.path), "--json"]) == 0
+    assert main(["diverge", str(b.path), "--reference", str(a.path), "--json", "--pairing", "auto"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["pairing"] == "token position" and doc["requests_diverged"] == 0
     assert doc["unpaired_positions"]["reference"] == 0
@@ -244,7 +245,7 @@ def test_committed_async_trigger_against_async_off_reference(tmp_path):
     trig, ref = CaptureRun(TRIGGER), CaptureRun(REFERENCE)
     m = digest_diff(ref, trig, pairing="position")
     assert m.attrs["pairing"] == "position" and len(m) == 3348 and bool(m["same"].all())
-    report = divergence_report(trig, ref)
+    report = divergence_report(trig, ref, pairing="auto")
     assert report.pairing == "token position" and report.diverged == []
     assert len(report.requests) == 48 and report.unpaired_positions["reference"] == 0
     assert report.unpaired_positions["run"] > 0

@@ -3,9 +3,12 @@ run's state first departs, in a terminal.
 
 What it does: parses the arguments, calls the library (``statescope.diverge.report``,
 ``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
-machines; ``statescope.diverge.text`` for people). ``diverge`` pairs the two runs' states by token
-position (``--pairing auto``, the default; ``step`` for the old pairing by request step), and
-falls back to step pairing, with a warning, for a capture whose steps table cannot place states.
+machines; ``statescope.diverge.text`` for people). ``diverge`` pairs the two runs' states by
+request step (``--pairing step``, the default), or by token position (``--pairing position`` /
+``auto``: runs that schedule differently line up; ``auto`` falls back to step pairing, with a
+warning, for a capture whose steps table cannot place states). Position pairing is opt-in: it
+misses the swap partner of a planted accepted-count permutation (tests/test_conv_continuity.py
+shows it under step pairing), whose state is placed where the corrupted count put it.
 Exit status, as every statescope report: 0 when no request diverges (``continuity``: no conv
 shift breaks), 1 when some do, 2 for bad input — a path that is not a capture run, or an incomplete capture (the engine raised, fewer requests
 finished than planned) unless ``--allow-incomplete``, which compares what it has and warns. ``statescope localize`` runs
@@ -57,7 +60,7 @@ def diverge_command(args: argparse.Namespace) -> int:
               else divergence_report(args.run, args.reference, rtol=args.rtol,
                                      columns=args.columns,
                                      allow_incomplete=args.allow_incomplete,
-                                     pairing=getattr(args, "pairing", "auto")))
+                                     pairing=getattr(args, "pairing", "step")))
     run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
     table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
                              continuity=run_continuity(run))
@@ -86,12 +89,14 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "(resume), every captured column (all: needs draft-column captures), the "
                         "running column (running: older captures); auto = all, else resume, else "
                         "running, whichever both runs support (the report says which)")
-    p.add_argument("--pairing", default="auto", choices=("auto", "position", "step"),
-                   help="how the two runs' states are paired per request: by the token position "
-                        "each state stands for (position: runs that schedule differently line "
-                        "up), by request step (step: only runs that schedule alike); auto = "
-                        "position, else step with a warning (a capture lacking the step columns "
-                        "positions need); the report's 'paired by' line says which")
+    p.add_argument("--pairing", default="step", choices=("auto", "position", "step"),
+                   help="how the two runs' states are paired per request: by request step (step, "
+                        "the default: only runs that schedule alike line up), by the token "
+                        "position each state stands for (position: runs that schedule "
+                        "differently line up; it can miss a request whose accepted count was "
+                        "swapped); auto = position, else step with a warning (a capture lacking "
+                        "the step columns positions need); the report's 'paired by' line says "
+                        "which")
     p.add_argument("--allow-incomplete", action="store_true",
                    help="compare an incomplete capture (engine error, fewer requests finished "
                         "than planned) anyway, with a warning; without it such a run is refused "
