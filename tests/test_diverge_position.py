@@ -237,7 +237,6 @@ def test_cli_pairs_by_position_and_says_so(tmp_path, capsys):
     assert "paired by: engine step" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not TRIGGER.is_dir(), reason="committed H200 captures not present")
 def test_committed_async_trigger_against_async_off_reference(tmp_path):
     """vLLM 0.26.0 on the H200: the trigger (async on) runs one step more per request and its
     scheduler count runs ahead in 252 of 604 rows; by position every paired state is identical,
