@@ -18,6 +18,9 @@
 #                                                        #   0.26.0 is V1 + async too, on the image's
 #                                                        #   torch): pooled verdict, shrink + plain-
 #                                                        #   vLLM script, capture + continuity, nb 04 06
+#   bash scripts/gpu_cli.sh shrink_alone VERSION [DIR]   # only minimal's shrink chain, resumed from a
+#                                                        #   committed shrink folder DIR; CUDA checks
+#                                                        #   beside it (SS_NO_CUDA=1: not)
 #   bash scripts/gpu_cli.sh pack_minimal [VERSION]       # pack what `minimal` wrote so far (default:
 #                                                        #   the release `minimal` last started)
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
@@ -331,17 +334,44 @@ minimal() {  # [VERSION]: issue 30 on a V1 release at its default settings (0.28
     SS_JOBDIR="$M" ss diverge "$v" diverge "$t" --reference "$r" --json
   }
   bg capture_pair
-  shrink_chain() {
-    SS_TIMEOUT=1500 SS_JOBDIR="$M" ss shrink "$v" shrink --model "$MODEL" --preset "$PRESET" \
-      --seeds "$seeds" --control no_async --keep-failing 3 --out "$M/shrink" --json
-    SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
-    local i; for i in 1 2 3; do
-      ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py > "as_exported_$i.log" 2>&1; echo "rc=$?" >> "as_exported_$i.log" )
-    done
-    ( activate "$v" && cd "$M/repro" && timeout 600 "$PY" repro.py --set async_scheduling=false > async_off.log 2>&1; echo "rc=$?" >> async_off.log )
-    ( activate "$v" && cd "$M/repro" && VLLM_USE_V2_MODEL_RUNNER=1 timeout 600 "$PY" repro.py > v2.log 2>&1; echo "rc=$?" >> v2.log )
+  [ "${SS_NO_SHRINK:-0}" = 1 ] || bg shrink_chain "$v" "$M" "$seeds"
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+}
+
+shrink_chain() {  # VERSION DIR SEEDS: the shrink of SEEDS (resumes from DIR/shrink's candidate
+  # log), its plain-vLLM script exported, then run as the maintainer would: 3x as exported, async
+  # off, Model Runner V2 -- the five side by side (each its own engine at a small memory share)
+  local v=$1 M=$2 seeds=$3
+  SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-1500} SS_JOBDIR="$M" ss shrink "$v" shrink --model "$MODEL" \
+    --preset "$PRESET" --seeds "$seeds" --control no_async --keep-failing 3 \
+    ${SS_SHRINK_PHASES:+--phases "$SS_SHRINK_PHASES"} --out "$M/shrink" --json
+  SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
+  [ -f "$M/repro/repro.py" ] || return 0
+  repro_run() {  # LOG [ENV=VALUE] [-- ARGS]: one run of the exported script, its exit status logged
+    local log=$1; shift
+    ( activate "$v" && cd "$M/repro" && printf 'repro\tvllm %s\t%s python repro.py %s\n' "$v" \
+        "${SS_REPRO_ENV:-}" "$*" >> "$SS/commands.txt" &&
+      env ${SS_REPRO_ENV:-} timeout 600 "$PY" repro.py "$@" > "$log" 2>&1; echo "rc=$?" >> "$log" )
   }
-  [ "${SS_NO_SHRINK:-0}" = 1 ] || bg shrink_chain
+  local i; for i in 1 2 3; do repro_run "as_exported_$i.log" & done
+  repro_run async_off.log --set async_scheduling=false &
+  SS_REPRO_ENV=VLLM_USE_V2_MODEL_RUNNER=1 repro_run v2.log &
+  wait
+}
+
+shrink_alone() {  # VERSION [FROM_DIR]: only the shrink chain (issue 30), resumed from a committed
+  # shrink folder FROM_DIR (its candidate log: candidates already run are read, not re-run);
+  # notebooks 04 06 rendered and the CUDA checks beside it unless SS_NO_RENDER=1 / SS_NO_CUDA=1. Seeds: SS_MIN_SEEDS (default 48:60)
+  local v=${1:-0.26.0} from=${2:-}; local M="$SS/$v/minimal"
+  mkdir -p "$M" "$SS/logs"
+  echo "$v" > "$SS/minimal.version"
+  [ -z "$from" ] || { mkdir -p "$M/shrink" && cp -r "$from"/. "$M/shrink/" && rm -f "$M/shrink/stdout.json" "$M/shrink/stderr.log"; }
+  bash "$0" setup "$v" > "$SS/logs/setup.log" 2>&1
+  [ "${SS_NO_CUDA:-0}" = 1 ] || ( SS_RELEASE=$v cuda_checks > "$SS/logs/cuda.log" 2>&1 ) &
+  [ "${SS_NO_RENDER:-0}" = 1 ] || ( SS_TIMEOUT=1200 ss render_gpu "$v" render 04_where_state_diverges \
+    06_hypotheses --out "$SS/$v/gallery-gpu" --no-png --json ) &
+  shrink_chain "$v" "$M" "${SS_MIN_SEEDS:-48:60}"
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
 }
@@ -370,6 +400,7 @@ case "${1:-}" in
   v2capture) shift; v2capture "$@" ;;
   pack) shift; pack "$@" ;;
   minimal) shift; minimal "$@" ;;
+  shrink_alone) shift; shrink_alone "$@" ;;
   pack_minimal) shift; pack_minimal "$@" ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac
