@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,6 +124,10 @@ def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_pat
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1, bad.stdout + bad.stderr[-3000:]
     assert f"CORRUPTED {target} step 0" in bad.stdout
+    # what ran, read back from the engine (on the H200 a V2 switch changed the outcome, and only
+    # this line can say the switch took effect)
+    assert re.search(r"resolved: vllm \S+, model runner vllm\.v1\.worker\.\S+ \(V1\), "
+                     r"async scheduling (True|False)", bad.stdout), bad.stdout[:2000]
     clean = subprocess.run([sys.executable, str(repro / "repro.py")], env=env, cwd=tmp_path,
                            capture_output=True, text=True, timeout=600)
     assert clean.returncode == 0, clean.stdout + clean.stderr[-3000:]

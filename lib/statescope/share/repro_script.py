@@ -106,6 +106,25 @@ def rule():
             f"({{', '.join(reasons)}}) {{flips}}")
 
 
+def resolved_line(llm):
+    # what ran, read back from the engine (an environment switch such as
+    # VLLM_USE_V2_MODEL_RUNNER=1 can be ignored by a build: the runner class says which ran)
+    import vllm
+
+    try:
+        runner = llm.collective_rpc(
+            lambda self: f"{{type(self.model_runner).__module__}}.{{type(self.model_runner).__name__}}")[0]
+    except Exception as exc:  # a multiprocess engine may refuse a callable
+        runner = f"unknown ({{type(exc).__name__}})"
+    version = "V2" if ".v1.worker.gpu." in runner else "V1" if "ModelRunner" in runner else "?"
+    try:
+        async_on = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    except Exception:
+        async_on = "unknown"
+    return (f"resolved: vllm {{vllm.__version__}}, model runner {{runner}} ({{version}}), "
+            f"async scheduling {{async_on}}")
+
+
 def main():
     # options: --model PATH (default: where the shrink ran it); --set KEY=JSON (an engine
     # argument changed, e.g. --set async_scheduling=false); the environment wins over ENGINE_ENV
@@ -137,6 +156,7 @@ def main():
     from vllm import LLM, SamplingParams
 
     llm = LLM(**engine_args)
+    print(resolved_line(llm), flush=True)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)
     results = []
     for wave in WAVES:
