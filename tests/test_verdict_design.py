@@ -272,6 +272,23 @@ def test_reproduce_and_a_matrix_cell_resolve_the_same_overrides(tmp_path):
     assert r_trigger.config.mamba_cache_mode is None and r_trigger.config.speculative_method is None
 
 
+def test_capture_starts_the_engine_reproduce_judges_under_the_same_overrides():
+    """``capture --set X`` records the configuration ``reproduce --trigger-set X`` judges (one
+    override rule: aliases, coupled fields, the model), and a bad pair names ``--set``."""
+    from statescope.cli.capture import capture_config
+    from statescope.cli.reproduce import reproduce_arms
+
+    for pairs in ([], ["enable-prefix-caching=false"], ["num_speculative_tokens=0"],
+                  ["no-async-scheduling=true", "max_num_seqs=8"]):
+        want, _ = reproduce_arms("reference", pairs, None, "tiny-qwen35")
+        assert capture_config(pairs, "tiny-qwen35") == want.config, pairs
+    off = capture_config(["enable-prefix-caching=false"], None)
+    assert off.enable_prefix_caching is False and off.mamba_cache_mode is None  # coupled, as reproduce
+    assert capture_config(["num_speculative_tokens=0"], None).speculative_method is None
+    with pytest.raises(InputError, match="--set"):
+        capture_config(["enable_prefix_caching=yes"], None)
+
+
 def test_concurrency_on_the_offline_runner_is_the_batch(tmp_path):
     from statescope.cli.reproduce import _concurrency_as_batch, reproduce_arms
 

@@ -85,13 +85,22 @@ def _set_progress(bar: Any, capture: Any, state: dict) -> Any:
     return on_done
 
 
+def capture_config(pairs: list[str] | None, model: str | None) -> Any:
+    """The engine ``capture`` starts: ``reproduce``'s trigger arm (``reproduce_arms``) with the
+    ``--set`` pairs and ``--model`` applied by the one override rule, so that a capture records
+    the configuration a ``reproduce`` with the same ``--trigger-set`` judged (the default model:
+    STATESCOPE_MODEL, else tiny-gui, as everywhere)."""
+    from statescope.cli.reproduce import reproduce_arms
+
+    trigger, _ = reproduce_arms("reference", pairs, None, model, trigger_where="--set")
+    return trigger.config
+
+
 def capture_command(args: argparse.Namespace) -> int:
     """Run the workload with capture on; print the run directory, its size, what it exercised."""
     from statescope.capture import recorder as capture
     from statescope.capture.store import CaptureRun, update_manifest
-    from statescope.cli.assignments import dataclass_fields, parse_assignments
     from statescope.cli.capture_workload import describe, planned_requests, run_workload, trace_from_args
-    from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.modeldir import check_model_dir
     from statescope.engine.offline import OfflineEngine
     from statescope.patches import cpu_kernels
@@ -108,9 +117,7 @@ def capture_command(args: argparse.Namespace) -> int:
                              f"{0 if name == 'history_lines' else 1}")
     trace, info = trace_from_args(args)
     semantics = parse_copy_semantics(args.copy_semantics)
-    overrides = parse_assignments(args.set, "--set", dataclass_fields(EngineConfig))
-    # as reproduce: --model, else the default model (STATESCOPE_MODEL, else tiny-gui)
-    config = EngineConfig(**({"model": str(model_path(args.model))} if args.model else {}), **overrides)
+    config = capture_config(args.set, args.model)
     check_model_dir(config.model)
     if semantics:
         cpu_kernels.set_copy_semantics(*semantics)

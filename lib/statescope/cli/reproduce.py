@@ -34,16 +34,18 @@ def _config_overrides(pairs: list[str] | None, where: str) -> dict:
 
 
 def reproduce_arms(control: str, trigger_pairs: list[str] | None = None,
-                   control_pairs: list[str] | None = None, model: str | None = None):
+                   control_pairs: list[str] | None = None, model: str | None = None, *,
+                   trigger_where: str = "--trigger-set"):
     """The trigger and control ``Arm`` of ``reproduce``: ``standard_arms(control)`` with
     ``--model`` and the ``--trigger-set`` / ``--control-set`` pairs applied by the one override
-    rule (``EngineConfig.with_overrides``), as a matrix or bisect cell applies its settings."""
+    rule (``EngineConfig.with_overrides``), as a matrix or bisect cell applies its settings.
+    ``capture`` builds its engine as this trigger arm (its ``--set`` pairs: ``trigger_where``)."""
     from statescope.verdict.reproduce import standard_arms
 
     trigger, ctl = standard_arms(control)
     common = {"model": model} if model else {}
     trigger.config = trigger.config.with_overrides(
-        {**common, **_config_overrides(trigger_pairs, "--trigger-set")}, where="--trigger-set")
+        {**common, **_config_overrides(trigger_pairs, trigger_where)}, where=trigger_where)
     ctl.config = ctl.config.with_overrides(
         {**common, **_config_overrides(control_pairs, "--control-set")}, where="--control-set")
     return trigger, ctl
