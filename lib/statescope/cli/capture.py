@@ -235,8 +235,10 @@ def add_capture_subcommands(subparsers: Any) -> None:
                    help=f"model directory or name under data/models (default: STATESCOPE_MODEL, "
                         f"else {CAPTURE_MODEL}, as reproduce)")
     c.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override an EngineConfig field (e.g. async_scheduling=false for a "
-                        "reference run of the same prompts; repeatable)")
+                   help="override an engine setting of the trigger arm, by the rule of "
+                        "reproduce --trigger-set (field names or vLLM's spellings; e.g. "
+                        "async_scheduling=false for a reference run of the same prompts; "
+                        "repeatable)")
     c.add_argument("--trace", default=None, help="a trace file, as reproduce --trace")
     c.add_argument("--preset", default=None,
                    help="a reproduce workload preset (smoke, laptop, repro288, long) instead of "
