@@ -39,8 +39,8 @@ def gpu_results_report(d: Path) -> dict:
     """{"manifest", "verdicts", "departures", "factors", "patch"} for results folder ``d``."""
     from statescope.results import e2e as gr
     from statescope.results import files
-    from statescope.results import factors as gpu_round3
-    from statescope.results import patch_check as gpu_round4
+    from statescope.results import factors
+    from statescope.results import patch_check
 
     d = Path(d)
     if not any(d.glob("arms_*.jsonl")):
@@ -48,24 +48,24 @@ def gpu_results_report(d: Path) -> dict:
     man = files.manifest(d) if (d / "manifest.json").is_file() else {}
     arms = {m["arm"] for m in files.arms(d) if m.get("label") == "tiny-gui"}
     patch = {}
-    if (d / f"records_{gpu_round4.ARMS['accept_sync']}.jsonl").is_file():  # round 4's layout
+    if (d / f"records_{patch_check.ARMS['accept_sync']}.jsonl").is_file():  # round 4's layout
         patch = {"verdicts": [{k: v for k, v in r.items() if k != "guard_details"}
-                              for r in gpu_round4.patch_verdicts(d)],
-                 "table": gpu_round4.patch_table(d),
-                 "patched_vs_unpatched": gpu_round4.patched_vs_unpatched(d)}
+                              for r in patch_check.patch_verdicts(d)],
+                 "table": patch_check.patch_table(d),
+                 "patched_vs_unpatched": patch_check.patched_vs_unpatched(d)}
     return {"dir": str(d), "patch": patch,
             "manifest": {k: man.get(k) for k in ("vllm", "torch", "gpu", "driver", "date_utc", "round")},
             "verdicts": patch.get("verdicts") or [{k: v for k, v in r.items() if k != "guard_details"}
                                                   for r in gr.verdict_table(d)],
-            "departures": gpu_round3.departures(d) if {"trigger", "no_async"} <= arms else [],
-            "factors": gpu_round3.factor_table(d) if (d / "factors").is_dir() else []}
+            "departures": factors.departures(d) if {"trigger", "no_async"} <= arms else [],
+            "factors": factors.factor_table(d) if (d / "factors").is_dir() else []}
 
 
 def gpu_results_command(args: Any) -> int:
-    from statescope.results import factors as gpu_round3
+    from statescope.results import factors
     from statescope.verdict.stats import NO_EVIDENCE
 
-    d = Path(args.dir) if args.dir else gpu_round3.R3_DIR
+    d = Path(args.dir) if args.dir else factors.R3_DIR
     from statescope.results import overhead as gpu_overhead_rounds
 
     if gpu_overhead_rounds.is_overhead_round(d):  # capture-overhead probes: no verdicts

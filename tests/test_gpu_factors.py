@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from statescope.results import factors as gpu_round3
+from statescope.results import factors
 from statescope.results import overhead
 from statescope.verdict.stats import CORRUPTION_DETECTED
 
-R3 = gpu_round3.R3_DIR
+R3 = factors.R3_DIR
 
 
 def test_manifest_names_the_build_gpu_and_every_call():
@@ -19,7 +19,7 @@ def test_manifest_names_the_build_gpu_and_every_call():
 
 
 def test_verdicts_recomputed_equal_committed_and_guards_engaged():
-    rows = gpu_round3.verdicts()
+    rows = factors.verdicts()
     assert rows == json.loads((R3 / "verdicts.json").read_text())
     assert {r["control"] for r in rows} == {"no_async", "no_prefix_cache", "no_mtp"}
     for r in rows:  # each one-factor control: the trigger alone fails, every guard engaged
@@ -30,18 +30,18 @@ def test_verdicts_recomputed_equal_committed_and_guards_engaged():
 
 
 def test_departures_are_the_trigger_only_and_include_foreign_values():
-    deps = gpu_round3.departures()
+    deps = factors.departures()
     assert deps, "the trigger departs from the async-off control"
     keys = {(d["episode"], d["step"]) for d in deps}
     for control in ("no_prefix_cache", "no_mtp"):  # the controls agree with each other
-        assert {(d["episode"], d["step"]) for d in gpu_round3.departures(control=control)} == keys
+        assert {(d["episode"], d["step"]) for d in factors.departures(control=control)} == keys
     kinds = {d["kind"] for d in deps}
     assert "another request's value" in kinds  # the typed text of a different episode of the run
     assert all(d["prefix_hit_tokens"] for d in deps)  # every departed request was a prefix-cache hit
 
 
 def test_factor_table_says_async_is_needed_and_cuda_graphs_are_not():
-    rows = {(r["round"], r["arm"], r["execution"]): r for r in gpu_round3.factor_table()}
+    rows = {(r["round"], r["arm"], r["execution"]): r for r in factors.factor_table()}
     compiled_trigger = rows[("round 2", "trigger", "compiled")]
     eager_trigger = rows[("round 3", "trigger", "eager")]
     assert compiled_trigger["differ_from_eager_no_async"] > 0
@@ -82,11 +82,11 @@ def test_gpu_results_cli_reports_the_recomputed_verdict(capsys, tmp_path):
     rep = json.loads(capsys.readouterr().out)
     assert rep["manifest"]["vllm"] == "0.26.0"
     assert [r["outcome"] for r in rep["verdicts"] if r["model"] == "tiny-gui"] == \
-        [r["outcome"] for r in gpu_round3.verdicts()]
-    assert len(rep["departures"]) == len(gpu_round3.departures()) and rep["factors"]
+        [r["outcome"] for r in factors.verdicts()]
+    assert len(rep["departures"]) == len(factors.departures()) and rep["factors"]
     # round 2: no evidence for three controls, "control broken" for the other three: a problem
     # found, so exit 1 (issue 28: exit status = the verdict, guards included)
-    assert main(["gpu-results", str(gpu_round3.R3_DIR.parent / "e2e")]) == 1
+    assert main(["gpu-results", str(factors.R3_DIR.parent / "e2e")]) == 1
     assert "no evidence" in capsys.readouterr().out
     assert main(["gpu-results", str(tmp_path)]) == 2
     assert "arms_*.jsonl" in capsys.readouterr().err

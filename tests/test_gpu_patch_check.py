@@ -8,11 +8,11 @@ import json
 import pytest
 
 from statescope.results import overhead
-from statescope.results import patch_check as gpu_round4
+from statescope.results import patch_check
 from statescope.errors import InputError
 from statescope.verdict.stats import CORRUPTION_DETECTED, NO_EVIDENCE
 
-R4 = gpu_round4.R4_DIR
+R4 = patch_check.R4_DIR
 
 
 def test_manifest_names_the_build_and_every_call():
@@ -22,11 +22,11 @@ def test_manifest_names_the_build_and_every_call():
 
 
 def test_verdicts_recomputed_equal_committed():
-    assert gpu_round4.patch_verdicts() == json.loads((R4 / "verdicts.json").read_text())
+    assert patch_check.patch_verdicts() == json.loads((R4 / "verdicts.json").read_text())
 
 
 def test_unpatched_detects_and_patched_is_clean_with_guards_engaged():
-    rows = gpu_round4.patch_verdicts()
+    rows = patch_check.patch_verdicts()
     assert len(rows) == 6
     for r in rows:
         assert r["trigger_units"] == r["control_units"] == 96
@@ -39,7 +39,7 @@ def test_unpatched_detects_and_patched_is_clean_with_guards_engaged():
 
 
 def test_unpatched_departs_on_round3s_requests_and_patched_on_none():
-    rows = gpu_round4.patch_table()
+    rows = patch_check.patch_table()
     for r in rows:
         if r["trigger"] == "unpatched":
             assert r["differ"] > 0 and r["same_as_round3"]  # deterministic under the same load
@@ -49,7 +49,7 @@ def test_unpatched_departs_on_round3s_requests_and_patched_on_none():
 
 
 def test_patched_vs_unpatched_fisher():
-    res = gpu_round4.patched_vs_unpatched()
+    res = patch_check.patched_vs_unpatched()
     assert res["patched_failed_episodes"] == 0 < res["unpatched_failed_episodes"]
     assert res["fisher_p_one_sided"] < 0.01
 
@@ -57,7 +57,7 @@ def test_patched_vs_unpatched_fisher():
 def test_missing_arm_is_one_clear_error(tmp_path):
     (tmp_path / "arms_J.jsonl").write_text("")
     with pytest.raises(InputError, match="tiny-gui"):
-        gpu_round4.patch_table(tmp_path)
+        patch_check.patch_table(tmp_path)
 
 
 def test_cli_reports_round4_with_the_patch_section(capsys):
