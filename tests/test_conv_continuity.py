@@ -182,7 +182,11 @@ def test_clean_run_is_continuous_and_a_planted_count_swap_breaks_it_where_plante
     broken = {(r, int(q)) for r, q in df[~df.ok][["req_id", "req_step"]].itertuples(index=False)}
     assert want and broken == want  # nowhere else
 
-    report = divergence_report(bad, clean)
+    report = divergence_report(bad, clean)  # by token position (the default)
+    assert report.pairing == "token position"
+    # both swapped requests, the partner too: its resume positions after the swap meet none of
+    # the clean run's (it accepts otherwise), its running column's state does
+    assert {r["req_id"] for r in report.diverged} >= {p["req_id"] for p in fault.planted}
     assert {r["req_id"] for r in report.diverged} >= {r for r, _ in want}
     ctx = run_context(bad, planted="permute_accepted")
     table = hypothesis_table(report, ctx, continuity=df)

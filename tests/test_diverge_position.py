@@ -127,7 +127,9 @@ def test_another_schedule_to_the_same_states_is_no_divergence(tmp_path, mode):
     b = _capture(tmp_path / "b", _schedule(B_ACCEPTED), mode)
     old = divergence_report(b, a, pairing="step")  # what diverge reported before issue 29
     assert old.pairing == "engine step" and [r["first_step"] for r in old.diverged] == [1]
-    assert divergence_report(b, a).pairing == "engine step"  # position pairing is opt-in
+    default = divergence_report(b, a)  # position pairing is the default (issue 29)
+    assert default.pairing == "token position" and default.diverged == []
+    assert digest_diff(a, b).attrs["pairing"] == "position"
     report = divergence_report(b, a, pairing="auto")
     assert report.pairing == "token position" and report.diverged == [], report.text()
     rec = report.requests[0]
@@ -166,9 +168,34 @@ def test_a_state_that_differs_is_reported_at_its_position(tmp_path):
                      bad={(9, LAYERS[0], "ssm"): 5, (10, LAYERS[1], "ssm"): 1})
     (rec,) = divergence_report(b_all, a_all, pairing="auto").diverged
     assert rec["position"] == 9 and rec["first_step"] == 2 and rec["origin_layer"] == LAYERS[0]
-    # resume mode compares the column each step resumes from: token 9's state sits in B's
-    # running column only, so it is not compared and the difference shows at token 10
+    # resume mode: token 9's state sits in B's running column only (A went from 8 to 10 in one
+    # step and digested no state of 9), so it pairs with nothing and the difference shows at 10
     assert divergence_report(b2, a, pairing="auto").diverged[0]["position"] == 10
+
+
+def test_a_wrong_resume_count_is_seen_although_no_resume_position_is_shared_again(tmp_path):
+    """A planted accepted-count swap (``permute_accepted``) corrupts the states of the step after
+    it; the corrupted run then accepts otherwise than its reference, so after the swap their
+    resume columns (and conv windows) never stand at one position again. The run's running
+    column — its state after the step's first, already sampled token — does: compared there."""
+    a = _capture(tmp_path / "a", _schedule([3, 1, 1]))  # resume after tokens 7, 10, 11, 12
+    # B's step 2 started from a wrong state: every state of steps 2 and 3 is off; resume after
+    # tokens 7, 10, 13, 15, running columns after 8, 11, 14
+    bad = {(p, layer, kind): 1 for p in (11, 13, 14, 15) for layer in LAYERS
+           for kind in ("conv", "ssm")}
+    b = _capture(tmp_path / "b", _schedule([3, 3, 2]), bad=bad)
+    report = divergence_report(b, a)
+    assert report.pairing == "token position"
+    (rec,) = report.diverged
+    assert rec["position"] == 11 and rec["first_step"] == 2 and rec["reference_step"] == 2
+    assert rec["kinds"] == ["ssm"] and rec["layers"] == LAYERS
+    # and no false divergence: the same two schedules with the right states pair cleanly
+    clean = _capture(tmp_path / "clean", _schedule([3, 3, 2]))
+    assert divergence_report(clean, a).diverged == []
+    assert bool(digest_diff(a, clean)["same"].all())
+    # resume, running column and conv window of the step before the corruption (token 10)
+    m = digest_diff(a, b)
+    assert sorted(m[m["same"].astype(bool)]["position"].unique()) == [7, 8, 10]
 
 
 def test_a_conv_window_that_differs_is_reported_at_its_position(tmp_path):

@@ -13,6 +13,7 @@ the engine with an error mid-run and closes it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -306,4 +307,11 @@ def test_a_capture_whose_engine_raised_is_incomplete_and_diverge_refuses_it(
     assert rc in (0, 1)
     captured = capfd.readouterr()
     assert "WARNING: INCOMPLETE" in captured.err and "WARNING: INCOMPLETE" in captured.out
-    assert "captured a different number of steps" in captured.out
+    # by token position (the default) the positions the crashed run never reached are counted
+    # as unpaired, not warned about; by request step the shorter request is named
+    assert "paired by: token position" in captured.out
+    un = re.search(r"unpaired positions: \d+ in the run only, (\d+) in the", captured.out)
+    assert un and int(un.group(1)) > 0
+    main(["diverge", str(run.path), "--reference", str(reference.path), "--allow-incomplete",
+          "--pairing", "step"])
+    assert "captured a different number of steps" in capfd.readouterr().out

@@ -4,11 +4,10 @@ run's state first departs, in a terminal.
 What it does: parses the arguments, calls the library (``statescope.diverge.report``,
 ``.by_position``, ``.hypotheses``, ``.conv_continuity``) and prints the report (``--json`` for
 machines; ``statescope.diverge.text`` for people). ``diverge`` pairs the two runs' states by
-request step (``--pairing step``, the default), or by token position (``--pairing position`` /
-``auto``: runs that schedule differently line up; ``auto`` falls back to step pairing, with a
-warning, for a capture whose steps table cannot place states). Position pairing is opt-in: it
-misses the swap partner of a planted accepted-count permutation (tests/test_conv_continuity.py
-shows it under step pairing), whose state is placed where the corrupted count put it.
+token position (``--pairing auto``, the default, or ``position``: runs that schedule differently
+— async scheduling on or off, other batch limits — line up; ``auto`` falls back to step pairing,
+with a warning, for a capture whose steps table cannot place states), or by request step
+(``--pairing step``: only runs that schedule alike line up; others show false divergences).
 Exit status, as every statescope report: 0 when no request diverges (``continuity``: no conv
 shift breaks), 1 when some do, 2 for bad input — a path that is not a capture run, or an incomplete capture (the engine raised, fewer requests
 finished than planned) unless ``--allow-incomplete``, which compares what it has and warns. ``statescope localize`` runs
@@ -60,7 +59,7 @@ def diverge_command(args: argparse.Namespace) -> int:
               else divergence_report(args.run, args.reference, rtol=args.rtol,
                                      columns=args.columns,
                                      allow_incomplete=args.allow_incomplete,
-                                     pairing=getattr(args, "pairing", "step")))
+                                     pairing=getattr(args, "pairing", "auto")))
     run = _open(args.run, "run")  # the exact conv-shift check sharpens H-accept / H-reorder
     table = hypothesis_table(report, run_context(run, planted=args.planted, gdn_layers=report.gdn_layers),
                              continuity=run_continuity(run))
@@ -89,14 +88,13 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "(resume), every captured column (all: needs draft-column captures), the "
                         "running column (running: older captures); auto = all, else resume, else "
                         "running, whichever both runs support (the report says which)")
-    p.add_argument("--pairing", default="step", choices=("auto", "position", "step"),
-                   help="how the two runs' states are paired per request: by request step (step, "
-                        "the default: only runs that schedule alike line up), by the token "
-                        "position each state stands for (position: runs that schedule "
-                        "differently line up; it can miss a request whose accepted count was "
-                        "swapped); auto = position, else step with a warning (a capture lacking "
-                        "the step columns positions need); the report's 'paired by' line says "
-                        "which")
+    p.add_argument("--pairing", default="auto", choices=("auto", "position", "step"),
+                   help="how the two runs' states are paired per request: by the token position "
+                        "each state stands for (position: runs that schedule differently, e.g. "
+                        "async scheduling on vs off, line up), by request step (step: only runs "
+                        "that schedule alike line up, others show false divergences); auto (the "
+                        "default) = position, else step with a warning (a capture lacking the "
+                        "step columns positions need); the report's 'paired by' line says which")
     p.add_argument("--allow-incomplete", action="store_true",
                    help="compare an incomplete capture (engine error, fewer requests finished "
                         "than planned) anyway, with a warning; without it such a run is refused "
@@ -114,8 +112,10 @@ def add_diverge_subcommand(subparsers: Any) -> None:
                         "permute_accepted): its mechanism is labelled EMULATED")
     p.add_argument("--json", action="store_true", help="print the report and hypothesis table as JSON")
     p.set_defaults(func=diverge_command)
-    p.epilog = ("exit status: 0 no request diverges, 1 some do, 2 bad input, an incomplete run "
-                "(without --allow-incomplete), or no request compared (with it)")
+    p.epilog = ("states are paired by token position by default (--pairing auto); --pairing "
+                "step pairs them by request step. exit status: 0 no request diverges, 1 some do, "
+                "2 bad input, an incomplete run (without --allow-incomplete), or no request "
+                "compared (with it)")
 
 
 def continuity_command(args: Any) -> int:

@@ -4,6 +4,9 @@ What it does: ``digest_diff(a, b)`` joins the digests of two runs on what is sta
 the prompt (``prompt_sha``: requests are matched by their prompt), layer, state kind and where in
 the request the state stands (``pairing``):
 
+- ``"auto"`` (the default): position where both runs' step tables can place their states, else
+  step, with the reason in ``attrs["pairing_fallback"]`` (``compared_pairing``);
+  ``attrs["pairing"]`` says which;
 - ``"position"``: the token position the state stands for (``statescope.diverge.positions``: the
   runner's computed-token count, the non-draft tokens scheduled and the drafts accepted). Two runs
   that schedule a request differently — async scheduling on or off, another
@@ -12,11 +15,14 @@ the request the state stands (``pairing``):
   prefill chunked elsewhere, a prefix hit, a run that stopped at another token, states of rejected
   drafts) do not join; ``attrs["unpaired"]`` counts them per prompt. Where one run reaches a
   position twice the later step's state is kept. ``req_step`` is ``b``'s step (``req_step_a`` /
-  ``req_step_b`` both runs');
-- ``"step"`` (the default here, for callers comparing runs of one configuration): the request's
-  own step counter, which lines up only where both runs scheduled the request alike;
-- ``"auto"``: position where both runs' step tables can place their states, else step, with the
-  reason in ``attrs["pairing_fallback"]`` (``compared_pairing``); ``attrs["pairing"]`` says which.
+  ``req_step_b`` both runs'). With resume-column digests the recurrent state of the running
+  column (the state after the step's first token) is compared too: a wrong accepted count
+  corrupts the next step's states, and a run that then accepts otherwise than its reference may
+  share no resume position with it again (``_running_kept``);
+- ``"step"``: the request's own step counter, which lines up only where both runs scheduled the
+  request alike (a run of another schedule shows false divergences); ``first_divergence``
+  keeps it as its default, for the runs of one configuration it reduces (a clean run and a
+  planted fault).
 
 Each pair is marked ``same``:
 
@@ -127,6 +133,23 @@ def compared_columns(a: CaptureRun, b: CaptureRun, columns: str = "auto") -> str
                 if support[mode](a) and support[mode](b))
 
 
+def _running_kept(d: pd.DataFrame) -> pd.Series:
+    """Resume-column digests paired by position: which rows to keep — every conv and resume row,
+    and the recurrent state of the running column where it stands before the step's last
+    accepted token (``conv_live_offset`` > 0: the state after the step's first token).
+
+    Why the running column: a wrong accepted count corrupts the state the *next* step starts
+    from, and that step's resume column then sits at a position of its own acceptance. When
+    the corrupted run accepts otherwise than the reference from there on (its logits are wrong)
+    no resume position may be shared again, and the corruption goes unseen — the swap partner
+    of a planted ``permute_accepted`` (tests/test_conv_continuity.py). The running column's
+    state, after the step's first token (the one sampled before), sits at a position the
+    reference reached too. Where the offset is 0 the step kept no draft or the post-process
+    reset the count: the resume row stands for the step, the running one is not added."""
+    ssm_running = (d["kind"] != "conv") & ~d["resume"].fillna(False).astype(bool)
+    return ~ssm_running | (d["conv_live_offset"].fillna(0) > 0)
+
+
 def _digests(run: CaptureRun, mode: str, column_offset: int | None,
              by_position: bool = False) -> pd.DataFrame:
     d, st = run.digests(), run.steps()
@@ -138,7 +161,10 @@ def _digests(run: CaptureRun, mode: str, column_offset: int | None,
     if column_offset is not None:
         d = d[d["column_offset"] == column_offset]
     elif mode == "resume":  # conv: the running column (its live rows); ssm: the resume column
-        d = d[(conv & (d["column_offset"] == 0)) | (~conv & d["resume"].fillna(False).astype(bool))]
+        resume = d["resume"].fillna(False).astype(bool)
+        # by position the ssm running column too (see _running_kept)
+        d = d[(d["column_offset"] == 0 if by_position else conv & (d["column_offset"] == 0))
+              | (~conv & resume)]
     elif mode == "all":
         d = d[~conv | (d["column_offset"] == 0)]
     else:
@@ -151,6 +177,8 @@ def _digests(run: CaptureRun, mode: str, column_offset: int | None,
         st = st.assign(conv_live_offset=0)
     d = d.merge(st[["req_id", "engine_step", "conv_live_offset", "end_position"]],
                 on=["req_id", "engine_step"], how="left")
+    if mode == "resume":
+        d = d[_running_kept(d)]
     d = d.assign(position=digest_positions(d))
     d = d[d["position"].notna()].astype({"position": "int64"})
     # one state per (prompt, layer, kind, position): the latest step's, if two steps reach one
@@ -192,7 +220,7 @@ def _live_same(r: pd.Series, width: int, rtol: float, with_hash: bool) -> bool:
     return bool((_rel(np.array(sa, float), np.array(sb, float)) <= rtol).all())
 
 
-def compared_pairing(a: CaptureRun, b: CaptureRun, pairing: str = "step") -> tuple[str, str | None]:
+def compared_pairing(a: CaptureRun, b: CaptureRun, pairing: str = "auto") -> tuple[str, str | None]:
     """``("position" | "step", why)``: how two runs' rows are paired (see the module docstring);
     ``why`` names the run and columns behind a fallback from ``auto`` to step pairing. An
     explicit ``position`` one of the runs cannot support is an ``InputError``."""
@@ -227,7 +255,7 @@ def _unpaired(da: pd.DataFrame, db: pd.DataFrame, m: pd.DataFrame) -> pd.DataFra
 
 def digest_diff(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5, conv: str = "live",
                 column_offset: int | None = None, columns: str = "auto",
-                pairing: str = "step") -> pd.DataFrame:
+                pairing: str = "auto") -> pd.DataFrame:
     """One row per joined (prompt, request step | token position, layer, kind[, column offset])
     with ``same``; ``attrs["columns"]`` says which columns were compared, ``attrs["pairing"]``
     how rows were paired (see the module docstring)."""
@@ -281,7 +309,9 @@ def first_divergence(a: CaptureRun, b: CaptureRun, rtol: float = 1e-5,
     """Per request (prompt): first differing request step (``b``'s, with ``pairing`` "position":
     the step of ``b`` at the first differing token position, in ``first_position``), the layers
     there (model order), the origin layer and its kinds, the kinds of any layer (``kinds``),
-    steps compared."""
+    steps compared. ``pairing`` defaults to step here, unlike ``digest_diff``: its callers (the
+    lessons, the capture notebook) compare a clean run with a planted fault of one
+    configuration, and read the step the fault fired at."""
     m = digest_diff(a, b, rtol, conv, columns=columns, pairing=pairing)
     by_position = m.attrs.get("pairing") == "position"
     rows = []

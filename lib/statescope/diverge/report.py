@@ -3,12 +3,14 @@
 What it does: ``divergence_report(run_dir, reference_dir)`` lines the two runs up with
 ``digest_diff.digest_diff`` — by default on the column each step's successor resumes from, or on
 every column when both runs digested the draft columns; the report's ``columns`` says which —
-pairing each request's states (requests matched by prompt) by request step (``pairing="step"``,
-the default) or by the token position they stand for (``pairing="position"``/``"auto"``,
-``statescope.diverge.positions``), so a run that scheduled differently from its reference (async
-on vs off, another ``max_num_batched_tokens``, other batch partners, other acceptance) is compared
-token for token. Position pairing is opt-in until it sees the swap partner of a planted
-accepted-count permutation, which step pairing reports (tests/test_conv_continuity.py). The report's ``pairing`` says ``token position`` or
+pairing each request's states (requests matched by prompt) by the token position they stand for
+(``pairing="auto"``, the default, or ``"position"``; ``statescope.diverge.positions``), so a run
+that scheduled differently from its reference (async on vs off, another
+``max_num_batched_tokens``, other batch partners, other acceptance) is compared token for token,
+or by request step (``pairing="step"``: only runs that scheduled alike line up). A swapped
+accepted count is seen by position too: the next step's running-column state is compared
+(``digest_diff``), where the corrupted run's resume positions may no longer meet the
+reference's (tests/test_conv_continuity.py). The report's ``pairing`` says ``token position`` or
 ``engine step (fallback: <why>)``: a capture whose steps table lacks the columns positions need
 is paired by request step, with a warning. Positions present in one run only are no divergence:
 ``unpaired_positions`` counts them (report and request). Per request it reports the first paired
@@ -436,11 +438,11 @@ def _request_record(g: pd.DataFrame, run: CaptureRun, steps_of: dict, by_positio
 def divergence_report(run_dir: str | os.PathLike | CaptureRun,
                       reference_dir: str | os.PathLike | CaptureRun,
                       rtol: float = 1e-5, columns: str = "auto",
-                      allow_incomplete: bool = False, pairing: str = "step") -> DivergenceReport:
+                      allow_incomplete: bool = False, pairing: str = "auto") -> DivergenceReport:
     """Compare ``run_dir`` against ``reference_dir`` (two captures of the same prompts);
     ``columns``: which block columns (``digest_diff``: auto | all | resume | running);
-    ``pairing``: step (the default) | position | auto (token position, else request step with a
-    warning)."""
+    ``pairing``: auto (the default: token position, else request step with a warning) | position
+    | step."""
     run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
     width = int(run.manifest.get("conv_window", 0))
     report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
