@@ -23,6 +23,10 @@
 #                                                        #   beside it (SS_NO_CUDA=1: not)
 #   bash scripts/gpu_cli.sh pack_minimal [VERSION]       # pack what `minimal` wrote so far (default:
 #                                                        #   the release `minimal` last started)
+#   bash scripts/gpu_cli.sh localise                    # 0.26.0 + 0.32.0: captures of failing and clean
+#                                                        #   pairs on V1 and V2, diverge + continuity,
+#                                                        #   the shrink's batch phase, nb 06, CUDA checks
+#   bash scripts/gpu_cli.sh pack_localise               # pack what `localise` wrote so far
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
@@ -376,6 +380,77 @@ shrink_alone() {  # VERSION [FROM_DIR]: only the shrink chain (issue 30), resume
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
 }
 
+localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the captures that decide
+  # whether diverge names exactly the corrupted requests (V1 on both releases) and nothing on a clean
+  # async on/off pair (V1 one request at a time; V2), the shrunk workload captured with continuity,
+  # the shrink's batch phase (resumed from SS_RESUME), notebook 06 and the CUDA checks; each capture
+  # folder comes back (caps-*.tar.gz). SS_LOCALISE_ONLY="a b": only those parts (default: all).
+  # the shrunk trace and its script: SS_MIN_TRACE / SS_REPRO (default: the committed ones)
+  local trace=${SS_MIN_TRACE:-$REPO/data/results/gpu/minimal_reproducer_0.26.0/shrink/minimal.jsonl}
+  local repro=${SS_REPRO:-$REPO/data/results/gpu/minimal_reproducer_0.26.0/repro/repro.py}
+  local parts=${SS_LOCALISE_ONLY:-"min26 clean26 shrink26 gallery26 v1_32 v2_32 repro32"}
+  mkdir -p "$SS/logs"
+  bash "$0" setup 0.26.0 > "$SS/logs/setup-0.26.0.log" 2>&1
+  bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
+  cap_pair() {  # VERSION NAME ARGS...: trigger (as given) and its async-off reference, then
+    # continuity, census and diverge of the pair (diverge at its defaults)
+    local v=$1 name=$2; shift 2; local C="$SS/$v/caps/$name"
+    mkdir -p "$C"
+    SS_JOBDIR="$C" bg ss trigger "$v" capture "$@" --out "$C/trigger" --json
+    SS_JOBDIR="$C" bg ss reference "$v" capture "$@" --set async_scheduling=false --out "$C/reference" --json
+    wait
+    local t r
+    t=$(dirname "$(ls "$C"/trigger/*/manifest.json 2>/dev/null | head -1)")
+    r=$(dirname "$(ls "$C"/reference/*/manifest.json 2>/dev/null | head -1)")
+    [ "$t" != . ] && [ "$r" != . ] || { echo "localise: $v/$name: a capture is missing"; return 0; }
+    SS_JOBDIR="$C" ss continuity "$v" continuity "$t" --json
+    SS_JOBDIR="$C" ss census "$v" census "$t" --json
+    SS_JOBDIR="$C" ss diverge "$v" diverge "$t" --reference "$r" --json
+  }
+  has() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
+  has min26 && ( cap_pair 0.26.0 minimal --model "$MODEL" --trace "$trace" ) > "$SS/logs/min26.log" 2>&1 &
+  has clean26 && ( cap_pair 0.26.0 one_at_a_time --model "$MODEL" --trace "$trace" --set max_num_seqs=1 ) \
+    > "$SS/logs/clean26.log" 2>&1 &
+  has v1_32 && ( cap_pair 0.32.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+    --set model_runner=v1 ) > "$SS/logs/v1_32.log" 2>&1 &
+  has v2_32 && ( cap_pair 0.32.0 v2_default --model "$MODEL" --preset "$PRESET" --seeds 48:60 ) \
+    > "$SS/logs/v2_32.log" 2>&1 &
+  if has shrink26; then
+    ( local M="$SS/0.26.0/minimal"; mkdir -p "$M/shrink"
+      [ -n "${SS_RESUME:-}" ] && cp -r "$SS_RESUME"/. "$M/shrink/"
+      SS_SHRINK_PHASES=${SS_SHRINK_PHASES:-episodes,batch} SS_SHRINK_TIMEOUT=${SS_SHRINK_TIMEOUT:-900} \
+        shrink_chain 0.26.0 "$M" "${SS_MIN_SEEDS:-0:6}" ) > "$SS/logs/shrink26.log" 2>&1 &
+  fi
+  has gallery26 && ( SS_TIMEOUT=900 ss render_gpu 0.26.0 render 06_hypotheses --out "$SS/0.26.0/gallery-gpu" \
+    --no-png --json; SS_RELEASE=0.26.0 cuda_checks ) > "$SS/logs/gallery26.log" 2>&1 &
+  if has repro32; then  # the 0.26.0 reproducer, unchanged, on 0.32.0: V1 forced (twice) and the default
+    ( local D="$SS/0.32.0/repro26"; mkdir -p "$D"; cp "$repro" "$D/"
+      one() { local log=$1 e=$2; ( activate 0.32.0 && cd "$D" && printf 'repro\tvllm 0.32.0\t%s python repro.py --model %s\n' \
+          "$e" "$REPO/data/models/$MODEL" >> "$SS/commands.txt" && env $e timeout 900 "$PY" repro.py \
+          --model "$REPO/data/models/$MODEL" > "$D/$log" 2>&1; echo "rc=$?" >> "$D/$log" ); }
+      one v1_1.log VLLM_USE_V2_MODEL_RUNNER=0 & one v1_2.log VLLM_USE_V2_MODEL_RUNNER=0 &
+      one default.log PYTHONUNBUFFERED=1 & wait ) > "$SS/logs/repro32.log" 2>&1 &
+  fi
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+}
+
+pack_localise() {  # what `localise` wrote so far -> $OUT: reports + logs (one archive), the capture
+  # folders per release (safe to call while it runs)
+  local stage="$SS/pack-localise"; rm -rf "$stage"; mkdir -p "$stage"
+  for v in 0.26.0 0.32.0; do
+    [ -d "$SS/$v" ] || continue
+    ( cd "$SS" && find "$v" \( -name stdout.json -o -name stderr.log -o -name rc -o -name '*.log' \
+        -o -name 'result.json' -o -name 'minimal.jsonl' -o -name 'candidates.jsonl' -o -name 'repro.py' \
+        -o -name 'README.md' -o -path '*gallery-gpu*' -o -path '*/cuda/*' \) -not -path '*/caps/*/trigger/*' \
+        -not -path '*/caps/*/reference/*' -print0 | tar czf "$OUT/reports-$v.tar.gz" --null -T - )
+    [ -d "$SS/$v/caps" ] && tar czf "$OUT/caps-$v.tar.gz" -C "$SS/$v" caps
+  done
+  tar czf "$OUT/logs.tar.gz" -C "$SS" logs commands.txt 2>/dev/null
+  ls -la "$OUT"; tail -n 4 "$SS"/logs/*.log 2>/dev/null | cut -c1-220
+  find "$SS" -name rc -path '*caps*' -exec sh -c 'echo "$1: $(cat "$1")"' _ {} \;
+}
+
 pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call while it runs);
   # default: the release `minimal` last started (then 0.28.0)
   local v=${1:-$(cat "$SS/minimal.version" 2>/dev/null || echo 0.28.0)}
@@ -402,5 +477,7 @@ case "${1:-}" in
   minimal) shift; minimal "$@" ;;
   shrink_alone) shift; shrink_alone "$@" ;;
   pack_minimal) shift; pack_minimal "$@" ;;
+  localise) shift; localise "$@" ;;
+  pack_localise) pack_localise ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac
