@@ -184,8 +184,13 @@ def planted_step(study: Study, name: str, index: int = 0) -> dict:
     states = study.runs[name][0]
     rec = study.planted[name][index]
     st = states.run.steps()
-    hit = st[(st["req_id"] == rec["req_id"])
-             & (st["num_computed_tokens"] == rec["num_computed_tokens"])]
+    mine = st[st["req_id"] == rec["req_id"]]
+    hit = mine[mine["num_computed_tokens"] == rec["num_computed_tokens"]]
+    if hit.empty and rec.get("computed_from") == "runner" and rec["num_computed_tokens"] is not None:
+        # the runner's count before the step: the step that read the fault is the first one at
+        # or after it (the scheduler's count of that step can run ahead under async scheduling)
+        hit = mine[mine["num_computed_tokens"] >= rec["num_computed_tokens"]].sort_values(
+            "num_computed_tokens").head(1)
     if hit.empty:
         raise InputError(f"planted_step: no captured step of {rec['req_id']} at "
                          f"{rec['num_computed_tokens']} computed tokens")

@@ -218,8 +218,12 @@ def _plant_state(runner, spec: FaultSpec, scheduler_output=None) -> None:
                 if len(blocks) > 1:
                     extra = {"blocks": [int(b) for b in blocks]}
             facts = _facts(runner, req_id)
-            if scheduler_output is not None:  # schedule-time count of the step that reads it
-                facts["num_computed_tokens"] = _scheduled_computed(scheduler_output, req_id)
+            scheduled = None if scheduler_output is None else \
+                _scheduled_computed(scheduler_output, req_id)
+            if scheduled is not None:  # schedule-time count of the step that reads it
+                facts["num_computed_tokens"] = scheduled
+            else:  # not in this step's scheduler output (seen on a GPU under async scheduling):
+                facts["computed_from"] = "runner"  # the runner's count, before the step
             spec.log(dict(facts, layer=name, block=int(block), **extra))
 
 
