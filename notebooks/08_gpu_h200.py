@@ -384,3 +384,26 @@ pd.DataFrame(releases.release_table())[cols]
 # %%
 pd.DataFrame([releases.bisection_answer(setting=s) for s in ("default", "v1", "v2")])[
     ["setting", "verdict", "probes", "model_confidence"]]
+
+# %% [markdown]
+# ## 8 · A minimal reproducer a maintainer runs with plain vLLM
+#
+# `statescope shrink` took a failing 288-request workload (0.26.0, V1 + async) to 33 episodes
+# (removing any one makes the failure vanish), then its batch phase to **two running requests**
+# (`max_num_seqs=2`, a 4096-token budget; one request at a time passes). `statescope export-repro`
+# wrote a `repro.py` that imports only vLLM; it was run on the H200 as a maintainer would
+# (`statescope.results.minimal_reproducer`).
+
+# %%
+from statescope.results import minimal_reproducer
+cols = ["folder", "release", "setting", "corrupted", "requests", "rc", "runner"]
+pd.DataFrame(minimal_reproducer.script_runs())[cols]
+
+# %% [markdown]
+# **Reading.** Deterministic: the batch-shrunk script corrupts the same 8 of 198 requests in each of
+# three runs and none with async scheduling off or with Model Runner V2. The earlier script
+# (batch of 32) fails on 0.32.0 too when V1 is forced and not at that release's default (V2).
+# What the shrink found it needs:
+
+# %%
+minimal_reproducer.shrink_conditions()[-2:]
