@@ -35,6 +35,15 @@ Each pair is marked ``same``:
   block's previous user, which differ between runs with different histories and mean nothing.
   ``conv="window"`` compares everything.
 
+Across engine configurations (``configs_differ``: the manifests' resolved scheduling keys or
+runner class differ; ``across_configs`` overrides), paired by position, the comparison follows
+the noise the H200 capture pairs show (``data/results/gpu/capture_pairs``): recurrent states
+and live conv rows agree by float statistics / row sums within ``schedule_rtol`` (default
+``SCHEDULE_RTOL``), not bit for bit; a step with an all-zero conv window (a block not written
+yet) has its windows dropped; states after a request's end that no step read are dropped
+(``_after_the_end``); and differences a later agreeing state contradicts are forgiven
+(``statescope.diverge.transient``). ``attrs["across_configs"]`` says whether these applied.
+
 Which column of a request's block row is compared (``columns``; ``compared_columns`` says which
 and why, and the frame carries it in ``attrs["columns"]``):
 
