@@ -29,7 +29,9 @@ Geometry comes from the manifest (``states[].conv_width``, ``conv_window`` = ker
 What it deliberately does not do: check prefill -> decode or decode -> prefill transitions (a prefill
 writes the window whole), transitions where either step scheduled fewer drafts than
 ``num_speculative_tokens`` (their row alignment was never measured), pre-copies into a new block
-(not corrected for), or say *why* a shift is wrong (``statescope.diverge.hypotheses`` scores that).
+(not corrected for), transitions touching a step whose window is all zero in some layer (a block
+not written yet) or, on Model Runner V2, a step that moved into a new block (digested before the
+block holds the window), or say *why* a shift is wrong (``statescope.diverge.hypotheses`` scores that).
 """
 from __future__ import annotations
 
@@ -109,6 +111,20 @@ def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
                for r, s, l, c, h in zip(conv["req_id"], conv["req_step"], conv["layer"],
                                         conv["row_checksums"], hashes)
                if c is not None}
+    # a step whose window is all zero in some layer digested a block not written yet (no
+    # token's conv rows are 0; Model Runner V2 at a block crossing): its transitions are skipped
+    unwritten = {(r, int(s)) for r, s, c in zip(conv["req_id"], conv["req_step"],
+                                                conv["row_checksums"])
+                 if c is not None and len(c) and not any(int(x) for x in c)}
+    # Model Runner V2 digests a step that moved into a new block before the new block holds
+    # the window (old bytes; the H200 v2_default pair): that step's transitions are skipped
+    v2 = run.manifest.get("runner_version") == "V2" and "running_blocks" in steps
+    if v2:
+        for rid, m in steps.sort_values("req_step").groupby("req_id", sort=False):
+            blk = [list(b) for b in m["running_blocks"]]
+            for i in range(1, len(blk)):
+                if blk[i] != blk[i - 1]:
+                    unwritten.add((rid, int(m["req_step"].iloc[i])))
     layers = sorted(conv["layer"].unique(), key=_layer_order)
     bias = inplace_shift_bias(run.copies())
     prefill = steps[steps["num_scheduled_tokens"] > steps["num_drafts"] + 1]
@@ -123,6 +139,8 @@ def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
                 continue  # a step of the request was not captured
             if int(prev["num_drafts"]) != spec or int(cur["num_drafts"]) != spec:
                 continue  # decode -> decode with a full draft set only
+            if (rid, int(prev["req_step"])) in unwritten or (rid, int(cur["req_step"])) in unwritten:
+                continue  # a window not written yet (see above)
             b_prev = bias.get((rid, int(prev["engine_step"])), 0)
             b_cur = bias.get((rid, int(cur["engine_step"])), 0)
             expected = int(prev[acc_col]) - b_prev
