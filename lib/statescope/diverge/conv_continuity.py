@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from statescope.capture.store import CaptureRun
-from statescope.diverge.digest_diff import layer_order as _layer_order
+from statescope.diverge.digest_diff import layer_order as _layer_order, unwritten_window
 from statescope.errors import InputError
 
 
@@ -114,8 +114,7 @@ def conv_shift_check(run: str | os.PathLike | CaptureRun) -> pd.DataFrame:
     # a step whose window is all zero in some layer digested a block not written yet (no
     # token's conv rows are 0; Model Runner V2 at a block crossing): its transitions are skipped
     unwritten = {(r, int(s)) for r, s, c in zip(conv["req_id"], conv["req_step"],
-                                                conv["row_checksums"])
-                 if c is not None and len(c) and not any(int(x) for x in c)}
+                                                conv["row_checksums"]) if unwritten_window(c)}
     # Model Runner V2 digests a step that moved into a new block before the new block holds
     # the window (old bytes; the H200 v2_default pair): that step's transitions are skipped
     v2 = run.manifest.get("runner_version") == "V2" and "running_blocks" in steps

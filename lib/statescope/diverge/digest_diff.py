@@ -207,11 +207,11 @@ def _digests(run: CaptureRun, mode: str, column_offset: int | None,
     if skip_last:  # an all-zero conv window is a block not written yet (no token's rows are
         # 0); the step's other layers' windows (other block groups) hold old bytes then too
         conv = d["kind"] == "conv"
-        zero = conv & d["row_checksums"].map(_all_zero)
+        zero = conv & d["row_checksums"].map(unwritten_window)
         unwritten = set(zip(d.loc[zero, "req_id"], d.loc[zero, "engine_step"]))
         d = d[~(conv & pd.Series([k in unwritten for k in zip(d["req_id"], d["engine_step"])],
                                  index=d.index))]
-    if skip_last:  # the conv window and running column of the last step: see _after_the_end
+        # the conv window and running column of the last step: see _after_the_end
         resume = d["resume"].fillna(False).astype(bool) if "resume" in d else d["kind"] != "conv"
         d = d[~((d["steps_left"] == 0) & ((d["kind"] == "conv") | ~resume))]
     if mode == "resume":
@@ -222,8 +222,11 @@ def _digests(run: CaptureRun, mode: str, column_offset: int | None,
     return d.sort_values("req_step", kind="stable").drop_duplicates(POSITION_KEYS, keep="last")
 
 
-def _all_zero(values) -> bool:
-    return values is not None and len(values) > 0 and not any(int(v) for v in values)
+def unwritten_window(row_checksums) -> bool:
+    """A conv window whose row checksums are all zero: a block not written yet (no token's conv
+    rows are all 0). Shared with ``conv_continuity``, which skips such steps too."""
+    return row_checksums is not None and len(row_checksums) > 0 and \
+        not any(int(v) for v in row_checksums)
 
 
 def _after_the_end(m: pd.DataFrame) -> pd.Series:

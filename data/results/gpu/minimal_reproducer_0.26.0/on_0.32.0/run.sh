@@ -1,4 +1,4 @@
-. /tmp/vllm-0.32.0/env.sh; export PYTHONPATH=<checkout>/lib:$PYTHONPATH STATESCOPE_GPU_MEMORY_UTILIZATION=0.04 PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
+. <device-tmp>/vllm-0.32.0/env.sh; export PYTHONPATH=<checkout>/lib:$PYTHONPATH STATESCOPE_GPU_MEMORY_UTILIZATION=0.04 PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=WARNING
 cd <checkout>
 T=<checkout>/.gk-resume/shrink/minimal.jsonl; R=<device-tmp>/ss/0.32.0/patch/runs
 c="reproduce --model tiny-gui --trace $T --control no_async --trigger-set model_runner=v1 --control-set model_runner=v1 --runs $R"
