@@ -124,7 +124,7 @@ cuda_checks() {  # the CUDA-only tests and the digest benchmark, in a release's 
   # .gk-pytest/site when the image has none (appended: the image's own packages win)
   local v=${SS_RELEASE:-0.26.0} dir="$SS/${SS_RELEASE:-0.26.0}/cuda"
   mkdir -p "$dir"
-  ( activate "$v" && cd "$REPO" && export PYTHONPATH="$PYTHONPATH:$REPO/.gk-pytest/site" &&
+  ( activate "$v" && cd "$REPO" && export PYTHONPATH="$PYTHONPATH:${SS_PYTEST_SITE:-$REPO/.gk-pytest/site}" &&
     printf 'cuda_tests\tvllm %s\tpytest tests/test_digest_triton.py tests/test_digest.py tests/test_digest_graph.py\n' "$v" >> "$SS/commands.txt" &&
     timeout 420 "$PY" -m pytest -q -p no:cacheprovider -rA tests/test_digest_triton.py tests/test_digest.py \
       tests/test_digest_graph.py > "$dir/pytest.log" 2>&1; echo "rc=$?" >> "$dir/pytest.log" )
@@ -380,6 +380,22 @@ shrink_alone() {  # VERSION [FROM_DIR]: only the shrink chain (issue 30), resume
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
 }
 
+cap_pair() {  # VERSION NAME ARGS...: trigger (as given) and its async-off reference, then
+  # continuity, census and diverge of the pair (diverge at its defaults)
+  local v=$1 name=$2; shift 2; local C="$SS/$v/caps/$name"
+  mkdir -p "$C"
+  SS_JOBDIR="$C" bg ss trigger "$v" capture "$@" --out "$C/trigger" --json
+  SS_JOBDIR="$C" bg ss reference "$v" capture "$@" --set async_scheduling=false --out "$C/reference" --json
+  wait
+  local t r
+  t=$(dirname "$(ls "$C"/trigger/*/manifest.json 2>/dev/null | head -1)")
+  r=$(dirname "$(ls "$C"/reference/*/manifest.json 2>/dev/null | head -1)")
+  [ "$t" != . ] && [ "$r" != . ] || { echo "localise: $v/$name: a capture is missing"; return 0; }
+  SS_JOBDIR="$C" ss continuity "$v" continuity "$t" --json
+  SS_JOBDIR="$C" ss census "$v" census "$t" --json
+  SS_JOBDIR="$C" ss diverge "$v" diverge "$t" --reference "$r" --json
+}
+
 localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the captures that decide
   # whether diverge names exactly the corrupted requests (V1 on both releases) and nothing on a clean
   # async on/off pair (V1 one request at a time; V2), the shrunk workload captured with continuity,
@@ -392,21 +408,6 @@ localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the ca
   mkdir -p "$SS/logs"
   bash "$0" setup 0.26.0 > "$SS/logs/setup-0.26.0.log" 2>&1
   bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
-  cap_pair() {  # VERSION NAME ARGS...: trigger (as given) and its async-off reference, then
-    # continuity, census and diverge of the pair (diverge at its defaults)
-    local v=$1 name=$2; shift 2; local C="$SS/$v/caps/$name"
-    mkdir -p "$C"
-    SS_JOBDIR="$C" bg ss trigger "$v" capture "$@" --out "$C/trigger" --json
-    SS_JOBDIR="$C" bg ss reference "$v" capture "$@" --set async_scheduling=false --out "$C/reference" --json
-    wait
-    local t r
-    t=$(dirname "$(ls "$C"/trigger/*/manifest.json 2>/dev/null | head -1)")
-    r=$(dirname "$(ls "$C"/reference/*/manifest.json 2>/dev/null | head -1)")
-    [ "$t" != . ] && [ "$r" != . ] || { echo "localise: $v/$name: a capture is missing"; return 0; }
-    SS_JOBDIR="$C" ss continuity "$v" continuity "$t" --json
-    SS_JOBDIR="$C" ss census "$v" census "$t" --json
-    SS_JOBDIR="$C" ss diverge "$v" diverge "$t" --reference "$r" --json
-  }
   has() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
   has min26 && ( cap_pair 0.26.0 minimal --model "$MODEL" --trace "$trace" ) > "$SS/logs/min26.log" 2>&1 &
   has clean26 && ( cap_pair 0.26.0 one_at_a_time --model "$MODEL" --trace "$trace" --set max_num_seqs=1 ) \
@@ -433,6 +434,91 @@ localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the ca
   fi
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+}
+
+bisect_releases() {  # [MAX_S]: the seed's question in one command per setting (issue 29 item 4):
+  # three confirmed find-fix bisections over env: releases 0.26.0 0.28.0 0.29.0 0.30.0 0.32.0,
+  # side by side -- (a) the default settings, (b) Model Runner V1 forced on both arms, (c) (b) with
+  # the accept_sync patch on the trigger. Seeds: the first set 0:12 (the known-bad end's calibrated
+  # set: 11/96 there on V1), the rest drawn from the pool 0:48, 12 seeds a set. No probe starts
+  # that would end past MAX_S (default 1200). Reports and cells under $SS/bisect_releases.
+  local max_s=${1:-1200} drv=${SS_BISECT_DRIVER:-0.32.0} B="$SS/bisect_releases" v envs=""
+  for v in ${SS_BISECT_RELEASES:-0.26.0 0.28.0 0.29.0 0.30.0 0.32.0}; do envs="$envs env:/tmp/vllm-$v"; done
+  mkdir -p "$B/runs"
+  # shellcheck disable=SC2086
+  local common="--builds $envs --mode fix --model $MODEL --preset $PRESET --control no_async
+    --seeds ${SS_BISECT_SEEDS:-0:12} --seed-pool ${SS_BISECT_POOL:-0:48} --max-seconds $max_s
+    --runs $B/runs --json"
+  # shellcheck disable=SC2086
+  SS_TIMEOUT=$((max_s + 240)) SS_JOBDIR="$B" bg ss default "$drv" bisect $common
+  # shellcheck disable=SC2086
+  SS_TIMEOUT=$((max_s + 240)) SS_JOBDIR="$B" bg ss v1_forced "$drv" bisect $common --both-set model_runner=v1
+  # shellcheck disable=SC2086
+  SS_TIMEOUT=$((max_s + 240)) SS_JOBDIR="$B" bg ss v1_accept_sync "$drv" bisect $common \
+    --both-set model_runner=v1 --trigger-patch accept_sync
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$B/nvidia-smi.txt" 2>/dev/null
+}
+
+minimal_at_two_seqs() {  # issue 30 items 3 and 5 on 0.26.0: the shrink at a batch of two resumed
+  # from its committed candidate log (SS_RESUME_DIR, default .gk-resume: two_seqs/ = the log
+  # un-scrubbed, shrink/minimal.jsonl = the 198-request trace), its script exported and
+  # run as a maintainer would (3x as exported, async off, Model Runner V2, --patch accept_sync),
+  # and the shrunk workload captured (trigger + async-off reference) with continuity/census/diverge
+  local v=0.26.0 M="$SS/0.26.0/minimal_two" R="${SS_RESUME_DIR:-$REPO/.gk-resume}"
+  mkdir -p "$M/shrink"
+  cp "$R"/two_seqs/* "$M/shrink/"
+  SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-600} SS_JOBDIR="$M" ss shrink "$v" shrink "$R/shrink/minimal.jsonl" \
+    --model "$MODEL" --control no_async --keep-failing 3 --both-set max_num_seqs=2 \
+    --both-set max_num_batched_tokens=4096 --phases episodes,steps --out "$M/shrink" --json
+  SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
+  [ -f "$M/repro/repro.py" ] || return 0
+  repro_run() {  # LOG [ARGS]: one run of the exported script (SS_REPRO_ENV: its environment)
+    local log=$1; shift
+    ( activate "$v" && cd "$M/repro" && printf 'repro\tvllm %s\t%s python repro.py --model %s %s\n' "$v" \
+        "${SS_REPRO_ENV:-}" "<checkout>/data/models/$MODEL" "$*" >> "$SS/commands.txt" &&
+      env ${SS_REPRO_ENV:-} timeout 400 "$PY" repro.py --model "$REPO/data/models/$MODEL" "$@" > "$log" 2>&1
+      echo "rc=$?" >> "$log" )
+  }
+  local i; for i in 1 2 3; do repro_run "as_exported_$i.log" & done
+  repro_run async_off.log --set async_scheduling=false &
+  SS_REPRO_ENV=VLLM_USE_V2_MODEL_RUNNER=1 repro_run v2.log &
+  repro_run accept_sync.log --patch accept_sync &
+  ( cap_pair "$v" minimal_two --model "$MODEL" --trace "$M/shrink/minimal.jsonl" --set max_num_seqs=2 \
+    --set max_num_batched_tokens=4096 ) &
+  wait
+}
+
+release_answers() {  # everything of one lease side by side: setups, then bisect_releases,
+  # minimal_at_two_seqs, V1-forced capture pairs on 0.29.0 and 0.30.0 (issue 29 item 2), notebooks
+  # 04 and 06 + the CUDA checks on 0.26.0 (item 6); pack with pack_release_answers
+  mkdir -p "$SS/logs"
+  for v in 0.26.0 0.28.0 0.29.0 0.30.0 0.32.0; do bash "$0" setup "$v" > "$SS/logs/setup-$v.log" 2>&1; done
+  ( bisect_releases "${SS_BISECT_MAX_S:-1200}" ) > "$SS/logs/bisect.log" 2>&1 &
+  ( minimal_at_two_seqs ) > "$SS/logs/minimal_two.log" 2>&1 &
+  ( cap_pair 0.29.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 --set model_runner=v1 ) \
+    > "$SS/logs/v1_29.log" 2>&1 &
+  ( cap_pair 0.30.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 --set model_runner=v1 ) \
+    > "$SS/logs/v1_30.log" 2>&1 &
+  ( SS_TIMEOUT=900 ss render_gpu 0.26.0 render 04_where_state_diverges 06_hypotheses \
+      --out "$SS/0.26.0/gallery-gpu" --no-png --json; SS_RELEASE=0.26.0 cuda_checks ) \
+    > "$SS/logs/gallery26.log" 2>&1 &
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+  echo done > "$SS/logs/DONE"
+}
+
+pack_release_answers() {  # what release_answers wrote so far -> $OUT (safe while it runs): the
+  # bisections (records compacted), the minimal folder without its captures, each capture folder
+  [ -d "$SS/bisect_releases" ] && pack bisect "$SS/bisect_releases"
+  local stage="$SS/pack-minimal_two"; rm -rf "$stage"; mkdir -p "$stage"
+  [ -d "$SS/0.26.0/minimal_two" ] && ( cd "$SS/0.26.0" && find minimal_two -not -path '*/caps/*' \
+      -type f -print0 | tar czf "$OUT/minimal_two.tar.gz" --null -T - )
+  for v in 0.26.0 0.29.0 0.30.0; do [ -d "$SS/$v/caps" ] && tar czf "$OUT/caps-$v.tar.gz" -C "$SS/$v" caps; done
+  tar czf "$OUT/gallery.tar.gz" -C "$SS" 0.26.0/gallery-gpu 0.26.0/cuda 2>/dev/null
+  tar czf "$OUT/logs.tar.gz" -C "$SS" logs commands.txt 2>/dev/null
+  ls -la "$OUT"; tail -n 3 "$SS"/logs/*.log 2>/dev/null | cut -c1-220
+  find "$SS" -name rc -not -path '*/runs/*' -exec sh -c 'echo "$1: $(cat "$1")"' _ {} \; | sed "s#$SS/##"
 }
 
 pack_localise() {  # what `localise` wrote so far -> $OUT: reports + logs (one archive), the capture
@@ -479,5 +565,9 @@ case "${1:-}" in
   pack_minimal) shift; pack_minimal "$@" ;;
   localise) shift; localise "$@" ;;
   pack_localise) pack_localise ;;
+  bisect_releases) shift; bisect_releases "$@" ;;
+  minimal_at_two_seqs) minimal_at_two_seqs ;;
+  release_answers) release_answers ;;
+  pack_release_answers) pack_release_answers ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac

@@ -111,8 +111,10 @@ def test_shrink_finds_the_planted_request_and_exports_a_plain_vllm_repro(tmp_pat
     repro = tmp_path / "repro"
     assert main(["export-repro", str(out), "--out", str(repro)]) == 0
     script = (repro / "repro.py").read_text()
-    assert not [l for l in script.splitlines() if l.strip().startswith(("import ", "from "))
-                and "statescope" in l]
+    # the one statescope import: the candidate fix, only under --patch accept_sync
+    assert [l.strip() for l in script.splitlines() if l.strip().startswith(("import ", "from "))
+            and "statescope" in l] == ["from statescope.patches.accept_sync import install_accept_sync"]
+    assert "    if patches:\n        from statescope.patches.accept_sync" in script
     readme = (repro / "README.md").read_text()
     assert "PLANTED" in readme and "vLLM" in readme and target in readme
 
@@ -171,8 +173,10 @@ def test_export_writes_a_plain_script_without_an_engine(tmp_path, capsys):
     assert written["failing"] == ["b step 0"] and written["waves"] == 2
     script = (tmp_path / "r" / "repro.py").read_text()
     compile(script, "repro.py", "exec")
-    assert not [l for l in script.splitlines() if l.strip().startswith(("import ", "from "))
-                and "statescope" in l]
+    # the one statescope import: the candidate fix, only under --patch accept_sync
+    assert [l.strip() for l in script.splitlines() if l.strip().startswith(("import ", "from "))
+            and "statescope" in l] == ["from statescope.patches.accept_sync import install_accept_sync"]
+    assert "    if patches:\n        from statescope.patches.accept_sync" in script
     readme = (tmp_path / "r" / "README.md").read_text()
     assert "0.32.0" in readme and "V1" in readme and "b step 0" in readme
     assert "PLANTED" not in readme and "async_scheduling=true" in readme
@@ -180,6 +184,10 @@ def test_export_writes_a_plain_script_without_an_engine(tmp_path, capsys):
     bad = subprocess.run([sys.executable, str(tmp_path / "r" / "repro.py"), "--bogus"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage" in bad.stderr
+    unknown = subprocess.run([sys.executable, str(tmp_path / "r" / "repro.py"), "--patch", "x"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "--patch accept_sync" in unknown.stderr
+    assert "--patch accept_sync" in readme
 
 
 class StandInRunner:
