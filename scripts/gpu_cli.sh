@@ -510,6 +510,19 @@ release_answers() {  # everything of one lease side by side: setups, then bisect
   echo done > "$SS/logs/DONE"
 }
 
+reproducer_answers() {  # the 0.26.0-only part of release_answers (4 kit calls instead of 32): the
+  # shrink at a batch of two, its script and capture (minimal_at_two_seqs) beside notebooks 04 and 06
+  # and the CUDA checks; pack with pack_release_answers
+  mkdir -p "$SS/logs"
+  bash "$0" setup 0.26.0 > "$SS/logs/setup-0.26.0.log" 2>&1
+  ( minimal_at_two_seqs ) > "$SS/logs/minimal_two.log" 2>&1 &
+  ( SS_TIMEOUT=900 ss render_gpu 0.26.0 render 04_where_state_diverges 06_hypotheses \
+      --out "$SS/0.26.0/gallery-gpu" --no-png --json; SS_RELEASE=0.26.0 cuda_checks ) \
+    > "$SS/logs/gallery26.log" 2>&1 &
+  wait
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+  echo done > "$SS/logs/DONE"
+}
 pack_release_answers() {  # what release_answers wrote so far -> $OUT (safe while it runs): the
   # bisections (records compacted), the minimal folder without its captures, each capture folder
   [ -d "$SS/bisect_releases" ] && pack bisect "$SS/bisect_releases"
@@ -570,6 +583,7 @@ case "${1:-}" in
   bisect_releases) shift; bisect_releases "$@" ;;
   minimal_at_two_seqs) minimal_at_two_seqs ;;
   release_answers) release_answers ;;
+  reproducer_answers) reproducer_answers ;;
   pack_release_answers) pack_release_answers ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac
