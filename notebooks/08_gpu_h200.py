@@ -22,19 +22,19 @@
 # torch 2.11.0+cu130: the last release that runs there, and one that predates the upstream
 # same-block copy fix). `docs/gpu.md` is the prose version.
 #
-# Three rounds ran. Round 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
+# Four runs ran. Run 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
 # decision in `e2e/parts_Q.jsonl`): the trigger arm alone, eager, on an earlier GPU-trained twin of
-# `tiny-gui`. Round 2 (`data/results/gpu/e2e/`, 2026-11-30 ~03:00 UTC, the CPU-trained `tiny-gui`):
+# `tiny-gui`. Run 2 (`data/results/gpu/e2e/`, 2026-11-30 ~03:00 UTC, the CPU-trained `tiny-gui`):
 # the trigger compiled (torch.compile + CUDA graphs) with capture, its three controls and the
 # race-susceptible variant's four arms eager, the trigger again with capture off, and the capture
-# overhead on two random-weight hybrids. Round 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
-# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. Round 4
+# overhead on two random-weight hybrids. Run 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
+# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. Run 4
 # (`data/results/gpu/e2e_round4/`, ~08:12 UTC): the trigger again, with and without the `accept_sync`
 # patch. What did not run says **not run**.
-
-The notebook is ordered by question: **1** what races (the copy kernels), **2** what corrupts (the
-end-to-end verdicts and where the state departs), **3** which factors a departure needs, **4** which
-patch removes it, **5** what the capture costs.
+#
+# The notebook is ordered by question: **1** what races (the copy kernels), **2** what corrupts (the
+# end-to-end verdicts and where the state departs), **3** which factors a departure needs, **4** which
+# patch removes it, **5** what the capture costs.
 
 # %%
 import pandas as pd
