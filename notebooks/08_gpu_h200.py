@@ -407,3 +407,18 @@ pd.DataFrame(minimal_reproducer.script_runs())[cols]
 
 # %%
 minimal_reproducer.shrink_conditions()[-2:]
+
+# %% [markdown]
+# The shrink then went on at a batch of two (`at_two_seqs`): **3 requests**, one of them
+# corrupted (`s2-ep0001` step 0) in each of three runs, clean with async off, with V2 and with
+# statescope's candidate fix `--patch accept_sync`. All three requests are needed:
+
+# %%
+minimal_reproducer.shrink_conditions("at_two_seqs/shrink")
+
+# %% [markdown]
+# Captured (async on vs off, same 3 requests), `diverge` and `continuity` name the same single
+# request and step: its conv window shifted by 1 where the accepted count sampled the step before
+# gives 3, in a step where the request moved to another batch row beside a prefill. H-accept ranks
+# first (`data/results/gpu/capture_pairs/minimal_at_two_seqs.tar.gz`,
+# `tests/test_gpu_capture_pairs.py`).

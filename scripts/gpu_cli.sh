@@ -523,6 +523,17 @@ reproducer_answers() {  # the 0.26.0-only part of release_answers (4 kit calls i
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
   echo done > "$SS/logs/DONE"
 }
+gallery_checks() {  # [VERSION [NOTEBOOK ...]]: one release set up, the notebooks (default 06) rendered
+  # on the GPU beside the CUDA checks; DONE when both finished (pack with pack_release_answers)
+  local v=${1:-0.26.0}; shift || true
+  mkdir -p "$SS/logs"
+  bash "$0" setup "$v" > "$SS/logs/setup-$v.log" 2>&1
+  ( SS_TIMEOUT=900 ss render_gpu "$v" render "${@:-06_hypotheses}" --out "$SS/$v/gallery-gpu" \
+      --no-png --json ) > "$SS/logs/gallery26.log" 2>&1 &
+  ( SS_RELEASE=$v cuda_checks ) > "$SS/logs/cuda.log" 2>&1 &
+  wait
+  echo done > "$SS/logs/DONE"
+}
 pack_release_answers() {  # what release_answers wrote so far -> $OUT (safe while it runs): the
   # bisections (records compacted), the minimal folder without its captures, each capture folder
   [ -d "$SS/bisect_releases" ] && pack bisect "$SS/bisect_releases"
@@ -585,5 +596,6 @@ case "${1:-}" in
   release_answers) release_answers ;;
   reproducer_answers) reproducer_answers ;;
   pack_release_answers) pack_release_answers ;;
+  gallery_checks) shift; gallery_checks "$@" ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac

@@ -41,9 +41,35 @@ def _same(got: tuple, ref_stats: torch.Tensor, ref_checks: torch.Tensor) -> None
     torch.testing.assert_close(got[0], ref_stats, rtol=1e-4, atol=2e-3, equal_nan=True)
 
 
+def squeeze_interpreter_scalars() -> bool:
+    """Triton 3.6's interpreter turns its one-element scalars into ints with ``int(array)``,
+    which NumPy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars",
+    measured on the H200 image: triton 3.6 there; reproduced here with triton 3.6.0 + NumPy
+    2.4.6); later releases squeeze first (3.9: ``int(data.squeeze())``). Do as they do, in this
+    subprocess only: the interpreter's scalar conversion changes, the kernel does not. True when
+    the interpreter needed it."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if "squeeze()" in inspect.getsource(original):
+        return False
+
+    def patched(tensor, scope):
+        original(tensor, scope)  # the scope restores in reverse order: this goes first
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+    return True
+
+
 def interpreter_checks() -> None:
     """Run with TRITON_INTERPRET=1 set before triton is imported (see ``test_kernel_...``)."""
     import statescope  # noqa: F401  (import shims first)
+
+    if squeeze_interpreter_scalars():
+        print("interpreter: triton's scalar conversion squeezed (NumPy >= 2.4 compatibility)")
     from statescope.capture import run as capture_run
     from statescope.capture import census_decode as cd
     from statescope.capture import digest_triton as dt

@@ -122,3 +122,19 @@ def test_perturb_conv_row_hits_the_live_row_the_next_step_reads():
         faults.gdn_layers = orig
     assert conv[2, 3].tolist() == [2.0] * 16 and conv.abs().sum() == 32  # live offset 2 + row 1
     assert spec.planted[0]["window_row"] == 3 and spec.planted[0]["num_computed_tokens"] == 383
+
+
+def test_a_fault_is_planted_only_into_requests_the_coming_step_runs():
+    """The batch still lists requests that finished in the previous step until ``execute_model``
+    removes them; on the H200 (async scheduling) notebook 06's prompt-selected fault was planted
+    into the previous run's finished request of the same prompt. Such a request is skipped."""
+    from types import SimpleNamespace
+
+    from statescope.patches.faults import _in_this_step
+
+    step = SimpleNamespace(num_scheduled_tokens={"52-b": 3}, finished_req_ids={"42-a"})
+    assert _in_this_step(step, "52-b")
+    assert not _in_this_step(step, "42-a")  # finished in the previous step
+    assert not _in_this_step(SimpleNamespace(num_scheduled_tokens={"52-b": 3},
+                                             finished_req_ids=set()), "43-c")  # not scheduled
+    assert _in_this_step(None, "42-a")  # no scheduler output: the runner's view only

@@ -80,3 +80,25 @@ def test_failing_pairs_flag_the_corrupted_requests(unpacked, name, n_differs, n_
     same_answer = flagged - differs
     assert len(same_answer - broken) <= (1 if name == "v1_forced" else 0)
     assert differs <= broken  # every corrupted request has a wrong conv shift too
+
+
+def test_the_three_request_reproducer_localises_to_one_request_one_step_and_h_accept(unpacked):
+    """The 3-request reproducer shrunk at a batch of two (0.26.0, V1, 1/3 corrupted in 3 of 3
+    runs of its script): diverge flags exactly the corrupted request, continuity breaks only
+    there (a window shifted by 1 where the accepted count sampled the step before gives 3, in the
+    step the request moved batch row beside a prefill), and H-accept ranks first, observed."""
+    from statescope.diverge.hypotheses import hypothesis_table, run_context
+
+    report, flagged, differs, broken, cont = _pair(unpacked, "minimal_at_two_seqs")
+    assert len(report.requests) == 3 and len(differs) == 1
+    assert flagged == differs == broken
+    (req,) = report.diverged
+    assert req["first_step"] == 5 and set(req["kinds"]) == {"conv", "ssm"}
+    assert req["origin_layer"] == "model.layers.0.linear_attn"
+    bad = cont[~cont["ok"].astype(bool)]
+    assert set(bad["expected_shift"]) == {3} and all(list(o) == [1] for o in bad["observed_shifts"])
+    assert bad["moved"].all() and (bad["prefill_rows_in_batch"] > 0).all()
+    (run_dir,) = (unpacked / "minimal_at_two_seqs/trigger").glob("run-*")
+    table = hypothesis_table(report, run_context(CaptureRun(run_dir))).frame()
+    top = table.sort_values("rank").iloc[0]
+    assert (top["hypothesis"], top["label"]) == ("H-accept", "observed")

@@ -30,6 +30,19 @@ def test_the_same_script_on_a_later_release_fails_with_v1_forced_only():
     assert (default["corrupted"], default["rc"]) == (0, 0)
 
 
+def test_the_three_request_script_fails_three_times_and_is_clean_async_off_v2_and_patched():
+    runs = _rows(folder="at_two_seqs/repro", setting="as exported")
+    assert len(runs) == 3 and all((r["corrupted"], r["requests"], r["rc"]) == (1, 3, 1) for r in runs)
+    assert {tuple(r["corrupted_requests"]) for r in runs} == {("s2-ep0001 step 0",)}
+    assert all(r["runner"] == "V1" and r["async_scheduling"] for r in runs)
+    for setting in ("--set async_scheduling=false", "VLLM_USE_V2_MODEL_RUNNER=1",
+                    "--patch accept_sync (PATCHED)"):
+        [r] = _rows(folder="at_two_seqs/repro", setting=setting)
+        assert (r["corrupted"], r["requests"], r["rc"]) == (0, 3, 0), r
+    conditions = shrink_conditions("at_two_seqs/shrink")
+    assert sum("without it the failure is gone" in c for c in conditions) == 3
+
+
 def test_the_batch_conditions_are_stated():
     conditions = shrink_conditions()
     assert any("max_num_seqs=1 passes" in c for c in conditions)

@@ -1,7 +1,8 @@
 """``planted_step`` names the capture step that read a PLANTED fault, whichever count the fault's
 record carries: the scheduler's count of that step (exact match), or, where the step was not in
 the scheduler output (a GPU under async scheduling), the runner's count before it (the first
-step at or after it)."""
+step at or after it); a scheduled count that no step has (async scheduling's optimistic count)
+names the last step at or before it."""
 from types import SimpleNamespace
 
 import pandas as pd
@@ -28,6 +29,14 @@ def test_a_runner_count_names_the_first_step_at_or_after_it():
     assert planted_step(_study(rec), "f")["req_step"] == 2
 
 
-def test_a_scheduled_count_that_no_step_has_is_refused():
-    with pytest.raises(InputError, match="no captured step of a at 132"):
-        planted_step(_study({"req_id": "a", "num_computed_tokens": 132}), "f")
+def test_an_optimistic_scheduled_count_names_the_last_step_at_or_before_it():
+    got = planted_step(_study({"req_id": "a", "num_computed_tokens": 133}), "f")
+    assert got["req_step"] == 1 and got["matched"].startswith("last at or before")
+    assert planted_step(_study({"req_id": "a", "num_computed_tokens": 131}), "f")["matched"] == "exact"
+
+
+def test_a_count_before_every_captured_step_is_refused():
+    with pytest.raises(InputError, match="no captured step of a at 99"):
+        planted_step(_study({"req_id": "a", "num_computed_tokens": 99}), "f")
+    with pytest.raises(InputError, match="no captured step of c"):
+        planted_step(_study({"req_id": "c", "num_computed_tokens": 131}), "f")

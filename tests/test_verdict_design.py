@@ -102,11 +102,11 @@ def test_a_design_that_cannot_answer_is_refused_before_any_engine(tmp_path, argv
 
 
 def test_the_default_design_sizes_itself():
-    from statescope.cli.reproduce import _sizing
+    from statescope.cli.reproduce import seeds_that_can_answer
 
-    assert _sizing("smoke", "episode", 0.01, None) == 2  # 8 episodes an arm: best p 7.8e-05
-    assert _sizing("smoke", "request", 0.01, None) == 1
-    assert _sizing("smoke", "engine_lifetime", 0.01, None) is None  # needs --episodes-per-lifetime
+    assert seeds_that_can_answer("smoke", "episode", 0.01, None) == 2  # 8 episodes an arm: best p 7.8e-05
+    assert seeds_that_can_answer("smoke", "request", 0.01, None) == 1
+    assert seeds_that_can_answer("smoke", "engine_lifetime", 0.01, None) is None  # needs --episodes-per-lifetime
 
 
 def test_seed_sets_need_seeds_and_split_evenly(tmp_path):

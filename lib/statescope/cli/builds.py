@@ -106,27 +106,84 @@ def cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+CELL_ALPHA = 0.01  # the alpha every cell's verdict uses (statescope.verdict.reproduce's default)
+
+
+def size_cells(args: argparse.Namespace) -> dict[str, Any]:
+    """The design of one cell, before any install or engine: its units, the best p they can
+    reach and what they detect. A cell that can never reach alpha is refused when its seeds were
+    given (``InputError``: exit 2, the numbers and the flag that fixes it) and otherwise sized:
+    ``args.cell_seeds`` becomes the fewest seeds 0:k of the preset that can answer."""
+    from statescope.cli.reproduce import seeds_that_can_answer
+    from statescope.errors import InputError
+    from statescope.verdict.design import design_units, power_of
+    from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
+
+    def design_of(seeds_text: str | None):
+        trace = (seeds_trace(args.preset, parse_seeds(seeds_text)) if seeds_text
+                 else preset_trace(args.preset))
+        n = design_units(trace, args.unit)
+        return power_of(n, n, CELL_ALPHA, args.unit)
+
+    design = design_of(args.cell_seeds)
+    if design.can_answer:
+        return {"sized": None, **design.to_dict(), "line": design.summary()}
+    k = seeds_that_can_answer(args.preset, args.unit, CELL_ALPHA, None)
+    fix = (f"--cell-seeds 0:{k}" if k else
+           "--unit episode or request (one engine lifetime a cell cannot answer)")
+    if args.cell_seeds or k is None:
+        raise InputError("a matrix cell " + design.refusal(fix))
+    args.cell_seeds = f"0:{k}"
+    design = design_of(args.cell_seeds)
+    sized = (f"a cell of the {args.preset} preset cannot reach alpha={CELL_ALPHA}: sized to "
+             f"--cell-seeds 0:{k}")
+    return {"sized": sized, **design.to_dict(), "line": f"{design.summary()} ({sized})"}
+
+
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from statescope.verdict.stats import NO_EVIDENCE
+    from statescope.workload.episodes import parse_seeds
 
     check_cell_arguments(args)
     from statescope.cli.cluster import matrix_on_ray
 
     m = matrix_on_ray(args)  # None without --ray
-    if m is None:
+    design, pooled = getattr(args, "design", None), None
+    if m is not None:
+        from statescope.cluster.matrix import pooled_verdicts
+
+        pooled = pooled_verdicts(m.rows, CELL_ALPHA)
+    else:
         from statescope.builds.run import cell_requests
         from statescope.progress import Progress
 
-        with Progress(len(args.specs) * cell_requests(args.preset), "matrix", "requests") as bar:
+        design = size_cells(args)  # before any install: refuse or size a cell that cannot answer
+        n_seeds = len(parse_seeds(args.cell_seeds)) if args.cell_seeds else 1
+        with Progress(len(args.specs) * n_seeds * cell_requests(args.preset), "matrix",
+                      "requests") as bar:
+            bar.note(design["line"])
             m = build_matrix(args.specs, preset=args.preset, unit=args.unit, control=args.control,
                              store_root=args.runs, installer=args.installer, progress=bar,
                              **cell_options(args))
     frame = m.frame()
     cols = ["build", "settings", "seed", "status", "vllm", "failed", "units", "outcome", "attempts",
             "census", "detail"]
-    print(json.dumps(m.to_dict(), indent=2, default=str) if args.json else
-          frame[[c for c in cols if c in frame]].to_string(index=False))
-    # a failed build or any cell whose verdict is not "no evidence" is a problem found (exit 1)
+    if args.json:
+        # the design, the cells, and on --ray the verdict of each build and settings over its seeds
+        print(json.dumps({"design": design, "cells": m.to_dict(), "pooled": pooled}, indent=2,
+                         default=str))
+    else:
+        print(design["line"])
+        print(frame[[c for c in cols if c in frame]].to_string(index=False))
+        for g in pooled or ():
+            p = "n/a" if g["fisher_p"] is None else f"{g['fisher_p']:.3g}"
+            print(f"pooled over seeds {g['seeds']}: {g['build']} {g['settings'] or ''}: "
+                  f"{g['outcome']}: trigger {g['trigger'][0]}/{g['trigger'][1]}, control "
+                  f"{g['control'][0]}/{g['control'][1]}, p={p}")
+    # a failed build or any verdict that is not "no evidence" is a problem found (exit 1); on
+    # --ray the verdicts are the pooled ones (a single seed's cell cannot answer on its own)
+    if pooled is not None:
+        return 0 if all(g["outcome"] == NO_EVIDENCE for g in pooled) else 1
     return 0 if all(r["status"] == "ok" and r.get("outcome") == NO_EVIDENCE for r in m.rows) else 1
 
 
@@ -182,7 +239,11 @@ def add_build_subcommands(subparsers: Any) -> None:
     add_census_subcommand(bsub)  # statescope build census (statescope.cli.census)
     b.set_defaults(func=_cmd_build)
     m = subparsers.add_parser("matrix",
-                              epilog=exit_epilog("a build failed or a cell's verdict is not 'no evidence'"),
+                              epilog=exit_epilog(
+                                  "a build failed or a verdict is not 'no evidence' (with --ray: "
+                                  "the verdict of each build and setting pooled over its seeds); "
+                                  "2 includes a cell design that can never reach alpha (the "
+                                  "default sizes its cells instead)"),
                               help="one experiment per build; failed builds fail their row")
     m.add_argument("specs", nargs="+", help="build specs, optionally +patch:NAME")
     add_cell_arguments(m, seeds_flag="--cell-seeds")

@@ -118,6 +118,7 @@ def matrix_on_ray(args: argparse.Namespace):
     seeds = 1 if args.seeds is None else args.seeds
     if seeds < 1:
         raise InputError(f"--seeds {seeds}: expected an integer >= 1")
+    seeds, args.design = ray_cell_design(args, seeds)
     axes, common = parse_axes(args.axis), _common(args, run_id)
     matrix_plan(args.specs, axes=axes, seeds=range(seeds),
                 **{k: common[k] for k in ("preset", "unit", "control")})  # bad input: before the run
@@ -125,6 +126,34 @@ def matrix_on_ray(args: argparse.Namespace):
     with _stdout_for_reports_only():
         return ray_matrix(args.specs, axes=axes, seeds=range(seeds),
                           retry_failed=bool(args.retry_failed), **common)
+
+
+def ray_cell_design(args: argparse.Namespace, seeds: int) -> tuple[int, dict]:
+    """The pooled design of one build and settings over ``seeds`` cells (a seed each), before the
+    cluster starts: refused when ``--seeds`` was given and cannot reach alpha, sized otherwise."""
+    from statescope.cli.builds import CELL_ALPHA
+    from statescope.cli.reproduce import seeds_that_can_answer
+    from statescope.verdict.design import design_units, power_of
+    from statescope.workload.episodes import PRESETS, preset_trace
+
+    if args.preset not in PRESETS or args.unit not in ("request", "episode"):
+        if args.unit == "engine_lifetime":
+            raise InputError("--unit engine_lifetime: a cluster cell is one engine lifetime; its "
+                             "seeds cannot be pooled into a design that answers (--unit episode)")
+        return seeds, {"sized": None}  # matrix_plan names the bad preset or unit
+    n = seeds * design_units(preset_trace(args.preset), args.unit)
+    design = power_of(n, n, CELL_ALPHA, args.unit)
+    sized = None
+    if not design.can_answer:
+        k = seeds_that_can_answer(args.preset, args.unit, CELL_ALPHA, None)
+        if args.seeds is not None or k is None:
+            raise InputError("a build's pooled cells " + design.refusal(f"--seeds {k}"))
+        seeds, sized = k, (f"one seed of the {args.preset} preset cannot reach alpha="
+                           f"{CELL_ALPHA}: sized to --seeds {k} (each build and setting pooled)")
+        n = seeds * design_units(preset_trace(args.preset), args.unit)
+        design = power_of(n, n, CELL_ALPHA, args.unit)
+    line = design.summary() + (f" ({sized})" if sized else "")
+    return seeds, {"sized": sized, **design.to_dict(), "line": line}
 
 
 def bisect_on_ray(args: argparse.Namespace, requests_per_probe: int):

@@ -64,7 +64,7 @@ def parse_assignments_raw(pairs: list[str] | None, where: str) -> dict[str, str]
     return out
 
 
-def _sizing(preset: str, unit: str, alpha: float, epl: int | None) -> int | None:
+def seeds_that_can_answer(preset: str, unit: str, alpha: float, epl: int | None) -> int | None:
     """Seeds 0:k (the fewest) whose preset episodes can reach alpha; None when no count can."""
     from statescope.verdict.design import best_p
     from statescope.workload.episodes import PRESETS
@@ -85,7 +85,7 @@ def _fixes(args: argparse.Namespace, preset: str | None) -> str:
     """The flags that turn a design that cannot answer into one that can."""
     from statescope.verdict.design import best_p
 
-    k = _sizing(preset, args.unit, args.alpha, args.episodes_per_lifetime) if preset else None
+    k = seeds_that_can_answer(preset, args.unit, args.alpha, args.episodes_per_lifetime) if preset else None
     out = []
     if k is not None:
         out.append(f"--seeds 0:{k}")
@@ -143,7 +143,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             "request", "episode", "engine_lifetime") else None
         from statescope.verdict.design import best_p
 
-        k = (_sizing(preset, args.unit, args.alpha, args.episodes_per_lifetime)
+        k = (seeds_that_can_answer(preset, args.unit, args.alpha, args.episodes_per_lifetime)
              if n is not None and isinstance(args.alpha, float) and 0 < args.alpha < 1
              and not best_p(n, n) < args.alpha else None)
         if k is not None:  # the default design sizes itself: the fewest seeds that can answer

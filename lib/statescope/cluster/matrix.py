@@ -46,7 +46,8 @@ def cell_row(plan: CellPlan, record: dict | None) -> dict[str, Any]:
                    rate=round(failed / units, 4) if units else 0.0,
                    ci95=clopper_pearson(failed, units) if units else None, outcome=cell["outcome"],
                    labels=cell["labels"], detail=record["cell_dir"], seconds=cell.get("seconds"),
-                   copies=cell.get("copies"), recovered=bool(record.get("recovered")))
+                   copies=cell.get("copies"), recovered=bool(record.get("recovered")),
+                   control_failed=cell.get("control_failed"), control_units=cell.get("control_units"))
     else:
         row.update(detail=record.get("error"), log=record.get("log"))
     return row
@@ -104,3 +105,36 @@ def ray_matrix(specs: Sequence[BuildSpec | str], *, axes: dict[str, Sequence] | 
     finally:
         ledger.finish(status)
     return matrix_from_ledger(store_root, run_id)
+
+
+def pooled_verdicts(rows: Sequence[dict], alpha: float) -> list[dict]:
+    """One verdict per (build, settings) over its seeds' cells: the summed trigger and control
+    counts, one-sided Fisher at ``alpha``. A group with a cell not run or failed is
+    ``incomplete``; a cell whose own guards failed (geometry not exercised, control or engine
+    broken) gives the group that outcome, since pooling cannot repair it."""
+    import json
+
+    from statescope.verdict.stats import (CORRUPTION_DETECTED, NO_EVIDENCE,
+                                          fisher_exact_one_sided)
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["build"], json.dumps(r["settings"], sort_keys=True)), []).append(r)
+    out = []
+    for (build, settings), cells in groups.items():
+        ok = [c for c in cells if c["status"] == "ok" and c.get("control_units") is not None]
+        k, n = sum(c["failed"] for c in ok), sum(c["units"] for c in ok)
+        kc, nc = sum(c["control_failed"] for c in ok), sum(c["control_units"] for c in ok)
+        guard = next((c["outcome"] for c in ok
+                      if c["outcome"] not in (NO_EVIDENCE, CORRUPTION_DETECTED)), None)
+        p = fisher_exact_one_sided(k, n, kc, nc) if n and nc else None
+        if len(ok) < len(cells):
+            outcome = "incomplete"
+        elif guard is not None:
+            outcome = guard
+        else:
+            outcome = CORRUPTION_DETECTED if p is not None and p < alpha else NO_EVIDENCE
+        out.append({"build": build, "settings": json.loads(settings),
+                    "seeds": sorted(c["seed"] for c in cells), "trigger": [k, n],
+                    "control": [kc, nc], "fisher_p": p, "alpha": alpha, "outcome": outcome})
+    return out

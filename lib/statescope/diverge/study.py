@@ -186,13 +186,23 @@ def planted_step(study: Study, name: str, index: int = 0) -> dict:
     st = states.run.steps()
     mine = st[st["req_id"] == rec["req_id"]]
     hit = mine[mine["num_computed_tokens"] == rec["num_computed_tokens"]]
-    if hit.empty and rec.get("computed_from") == "runner" and rec["num_computed_tokens"] is not None:
-        # the runner's count before the step: the step that read the fault is the first one at
-        # or after it (the scheduler's count of that step can run ahead under async scheduling)
-        hit = mine[mine["num_computed_tokens"] >= rec["num_computed_tokens"]].sort_values(
-            "num_computed_tokens").head(1)
+    matched = "exact"
+    if hit.empty and rec["num_computed_tokens"] is not None:
+        if rec.get("computed_from") == "runner":
+            # the runner's count before the step: the step that read the fault is the first one
+            # at or after it (the scheduler's count of that step can run ahead under async)
+            hit = mine[mine["num_computed_tokens"] >= rec["num_computed_tokens"]].sort_values(
+                "num_computed_tokens").head(1)
+            matched = "first at or after the runner's count"
+        else:
+            # the scheduler's count under async scheduling is optimistic (every draft accepted;
+            # measured on the H200: 276 scheduled, no step captured there): the step that read
+            # the fault is the last one at or before it
+            hit = mine[mine["num_computed_tokens"] <= rec["num_computed_tokens"]].sort_values(
+                "num_computed_tokens").tail(1)
+            matched = "last at or before the scheduler's count"
     if hit.empty:
         raise InputError(f"planted_step: no captured step of {rec['req_id']} at "
                          f"{rec['num_computed_tokens']} computed tokens")
     return {"req_id": rec["req_id"], "req_step": int(hit["req_step"].iloc[0]),
-            "prompt_sha": hit["prompt_sha"].iloc[0], **rec}
+            "prompt_sha": hit["prompt_sha"].iloc[0], "matched": matched, **rec}

@@ -197,9 +197,23 @@ def _scheduled_computed(scheduler_output, req_id: str) -> int | None:
     return None
 
 
+def _in_this_step(scheduler_output, req_id: str) -> bool:
+    """Whether the coming step runs ``req_id``. The batch still holds requests that finished in
+    the previous step until this step's ``execute_model`` removes them; under async scheduling on
+    the H200 that included the previous run's requests (same prompts, other ids), so a fault
+    selected by prompt was planted into a finished request's freed block (notebook 06, cell 17)."""
+    if scheduler_output is None:
+        return True
+    if req_id in (getattr(scheduler_output, "finished_req_ids", None) or ()):
+        return False
+    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+    return scheduled is None or req_id in scheduled
+
+
 def _plant_state(runner, spec: FaultSpec, scheduler_output=None) -> None:
     ctx = runner.compilation_config.static_forward_context
-    for req_id in [r for r in runner.input_batch.req_ids if spec.due(runner, r)]:
+    for req_id in [r for r in runner.input_batch.req_ids
+                   if _in_this_step(scheduler_output, r) and spec.due(runner, r)]:
         for gid, name in _chosen(runner, spec):
             block = running_block(runner, req_id, gid)
             tensor = ctx[name].kv_cache[0 if "conv" in spec.kind else 1]
