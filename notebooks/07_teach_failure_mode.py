@@ -2,6 +2,11 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -169,6 +174,30 @@ teach_race.race_table(accepted=(3, 1, 2), finished_row=1)
 
 # %%
 teach_race.check_permuted_count(lesson)
+
+# %% [markdown]
+# ## 6b · The real race, on the H200: three requests, step by step
+#
+# Not emulated: the smallest failing workload `statescope shrink` found on the H200 (vLLM 0.26.0,
+# Model Runner V1, async scheduling, two running requests at most), captured there and committed.
+# A and B decode side by side; A finishes at engine step 5 and C arrives with a prefill. At step 6
+# B has moved from row 1 to row 0 in the condensed batch. Its own count (3, sampled at step 5)
+# asks the conv window to shift by 3; it shifted by 1, a count that is not B's. The recurrent
+# state then starts from the wrong candidate too, and B's answer flips.
+
+# %%
+from statescope.teach import real_race
+steps = real_race.reproducer_steps()
+steps
+
+# %% [markdown]
+# **Check (real, nothing planted):** exactly one decode transition broke, the one where a request
+# moved to another batch row in a step that also ran a prefill. The exported plain-vLLM script
+# corrupts B in 3 of 3 runs and is clean with async off, with V2 and with `accept_sync`
+# (notebook 08, section 8).
+
+# %%
+real_race.check_real_race(steps)
 
 # %% [markdown]
 # ## 7 · Why a poisoned cached state keeps poisoning
