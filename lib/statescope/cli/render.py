@@ -75,6 +75,10 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise InputError("render: name notebooks (or paths), or pass --all")
     if args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout}: expected a positive number of seconds per cell")
+    if args.repro is not None:
+        from statescope.share.repro_link import check_repro_dir
+
+        check_repro_dir(args.repro)  # before anything executes
     sources = notebook_paths(args.notebooks or None) if args.all else list(args.notebooks)
     for s in sources:  # fail on a bad name before executing anything
         if not os.path.isfile(s):
@@ -90,6 +94,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     lines = NotebookLines(sys.stderr, what)
 
     def done(r: dict) -> None:  # what the command prints is pasted too: scrubbed first
+        if args.repro is not None:  # the exported reproducer, linked in summary.md
+            from statescope.share.repro_link import attach_repro
+
+            r.update(attach_repro(r, args.repro))
         lines.done(_shareable([r])[0])
 
     if args.all:
@@ -133,5 +141,8 @@ def add_render_subcommand(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--out", default="reports/share")
     r.add_argument("--no-png", action="store_true", help="skip the PNG export (no Chromium needed)")
     r.add_argument("--timeout", type=int, default=1800, help="seconds per cell (> 0)")
+    r.add_argument("--repro", metavar="DIR", default=None,
+                   help="a folder written by `statescope export-repro`: copied beside each render "
+                        "(repro/) and linked in its summary.md")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_render)
