@@ -3,6 +3,7 @@
 Usage:
   OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_shrink.py --simulate [--keep-failing 3]
   engine-slot .venv/bin/python benchmarks/bench_shrink.py -- SHRINK ARGS...   (a real shrink)
+  .venv/bin/python benchmarks/bench_shrink.py --logs [LOG ...]   (what committed shrinks cost)
 
 ``--simulate`` drives the real search (``statescope.verdict.shrink._Search``: the same phases and
 ddmin) with a stand-in candidate runner whose predicate has the issue-30 shape: 96 episodes of 6
@@ -11,7 +12,11 @@ steps, and the failure needs one request (episode A, its 4th step) with a partne
 engine run (the first clean trigger run stops it); one that fails costs K trigger runs + 1
 control. No engine starts; the count is exact for that predicate. The real mode runs
 ``statescope shrink ARGS --json`` in-process and reports the same counts from its result.
-The cost goal (issue 30): <= 40 engine runs for a 96-episode failing run.
+``--logs`` adds up the candidate logs of shrinks that ran (default: the H200 chain from 288
+requests to 3, ``data/results/gpu/minimal_reproducer_0.26.0``): candidates, engine runs and engine
+seconds per log and phase, each candidate counted once (a resumed shrink's log holds the earlier
+one's). The cost goal (issue 30): <= 40 engine runs (and <= 12 GPU-minutes on the H200) for a
+96-episode failing run.
 """
 from __future__ import annotations
 
@@ -107,6 +112,38 @@ def real(shrink_args: list[str]) -> dict:
             "conditions": doc["conditions"]}
 
 
+H200_LOGS = [f"data/results/gpu/minimal_reproducer_0.26.0/{p}" for p in (
+    "batch_phase/candidates.jsonl.gz",            # 288 -> 198 (episodes), steps (clean), batch -> 2
+    "at_two_seqs/shrink/candidates.jsonl")]       # at a batch of two: 198 -> 3 (episodes, steps)
+
+
+def from_logs(paths: list[str]) -> dict:
+    """Candidates, engine runs and engine seconds of committed shrink candidate logs."""
+    import gzip
+
+    seen, per_phase, runs, secs = set(), Counter(), Counter(), Counter()
+    for path in paths:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                c = json.loads(line)
+                if c["key"] in seen:
+                    continue
+                seen.add(c["key"])
+                per_phase[c["phase"]] += 1
+                runs[c["phase"]] += int(c.get("engine_runs") or 0)
+                secs[c["phase"]] += float(c.get("seconds") or 0.0)
+    minutes = sum(secs.values()) / 60
+    return {"mode": "logs", "logs": paths, "candidates": len(seen),
+            "candidates_per_phase": dict(per_phase), "engine_runs_per_phase": dict(runs),
+            "engine_minutes_per_phase": {k: round(v / 60, 1) for k, v in secs.items()},
+            "engine_runs": sum(runs.values()), "engine_minutes": round(minutes, 1),
+            "gpu_minutes_goal": f"{'met' if minutes <= 12 else 'MISSED'} ({minutes:.1f} engine "
+                                "minutes, goal <= 12; starts and transfers not counted)"}
+
+
 def main() -> None:
     argv = sys.argv[1:]
     shrink_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -114,9 +151,13 @@ def main() -> None:
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--keep-failing", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="simulate: K runs + control per candidate")
+    ap.add_argument("--logs", nargs="*", default=None, help="candidate logs (default: the H200 chain)")
     ap.add_argument("--json")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    out = simulate(args.keep_failing, args.strict) if args.simulate or not shrink_args else real(shrink_args)
+    if args.logs is not None:
+        out = from_logs(args.logs or H200_LOGS)
+    else:
+        out = simulate(args.keep_failing, args.strict) if args.simulate or not shrink_args else real(shrink_args)
     for k, v in out.items():
         print(f"{k:>22}: {v}")
     print(f"{'cost goal':>22}: {'met' if out['engine_runs'] <= 40 else 'MISSED'} "
