@@ -173,7 +173,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         print(json.dumps({"design": design, "cells": m.to_dict(), "pooled": pooled}, indent=2,
                          default=str))
     else:
-        print(design["line"])
+        if design and design.get("line"):
+            print(design["line"])
         print(frame[[c for c in cols if c in frame]].to_string(index=False))
         for g in pooled or ():
             p = "n/a" if g["fisher_p"] is None else f"{g['fisher_p']:.3g}"
