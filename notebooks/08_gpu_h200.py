@@ -271,7 +271,7 @@ pd.DataFrame(gor.digest_bench())
 # — yet the ratio stayed 0.83–0.86. The probe (modes off / hooks only / digest) says why: the steps
 # are host-bound, and what the capture still spends is Python, in the step's thread and in the
 # flusher (same GIL), about as many milliseconds as are lost; no statescope call synchronizes the
-# GPU. Still **not met**; `docs/gpu.md` lists what would have to move out of Python.
+# GPU. Still **not met**; `docs/history/gpu-campaigns.md` says what would move out of Python.
 
 # %%
 pd.DataFrame(gor.probe_table())

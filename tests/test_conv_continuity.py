@@ -72,8 +72,8 @@ def test_gpu_capture_breaks_only_on_moved_rows_in_batches_with_prefill(gpu_check
 
 
 def test_continuity_evidence_ranks_accept_over_reorder_on_the_gpu_break(gpu_check):
-    # the first departed request of docs/gpu.md: oracle departure at step 6, all layers, both kinds,
-    # prefill rows in the batch of steps 5 and 6; the post-process count equals the sampled one
+    # the first departed request of docs/history/gpu-campaigns.md (round 2): oracle departure at
+    # step 6, all layers, both kinds, prefill rows in the batch of steps 5 and 6; the post-process count equals the sampled one
     rec = {"req_id": "99-97b8b3da", "first_step": 6, "kinds": ["conv", "ssm"], "layers": LAYERS,
            "conv_rows": [0, 1, 2], "ssm_lag": 0,
            "events": {"num_drafts": [2, 2, 2], "prefill_steps": [5, 6], "batch_has_prefill": True,

@@ -1,6 +1,6 @@
 """The capture's one-buffer step digest (``statescope.capture.digest_graph``): buckets, padding, slicing, and
 the padded path end to end on the CPU engine (eager: CUDA graphs themselves need a GPU; their
-bit-for-bit self-check runs on the device, see docs/gpu.md)."""
+bit-for-bit self-check runs on the device, see docs/history/gpu-campaigns.md, round 4)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,6 @@
 """Round 3 of the GPU results (``data/results/gpu/e2e_round3/``) re-derived from its committed files:
-what docs/gpu.md and the README claim about it must follow from the records and measurements.
-No GPU or vLLM is needed."""
+what docs/history/gpu-campaigns.md (round 3) and the README claim about it must follow from the
+records and measurements. No GPU or vLLM is needed."""
 from __future__ import annotations
 
 import json

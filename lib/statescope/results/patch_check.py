@@ -16,7 +16,8 @@ in the step's hooks and in the flusher, the deferred emission's cost, and whethe
 digests agreed.
 
 What it deliberately does not do: claim the patch is upstream's fix (it is a statescope runtime
-wrapper; docs/gpu.md says what it changes and what it costs), or re-run anything.
+wrapper; docs/history/gpu-campaigns.md, round 4, says what it changes and what it costs), or
+re-run anything.
 """
 from __future__ import annotations
 
