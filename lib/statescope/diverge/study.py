@@ -195,9 +195,10 @@ def planted_step(study: Study, name: str, index: int = 0) -> dict:
                 "num_computed_tokens").head(1)
             matched = "first at or after the runner's count"
         else:
-            # the scheduler's count under async scheduling is optimistic (every draft accepted;
-            # measured on the H200: 276 scheduled, no step captured there): the step that read
-            # the fault is the last one at or before it
+            # the scheduler's count under async scheduling can run ahead of the captured one
+            # (drafts counted before their rejection is known): the step that read the fault is
+            # the last one at or before it. (The H200 case that prompted this, notebook 06 cell
+            # 17, was a fault planted into a finished request: patches.faults._in_this_step.)
             hit = mine[mine["num_computed_tokens"] <= rec["num_computed_tokens"]].sort_values(
                 "num_computed_tokens").tail(1)
             matched = "last at or before the scheduler's count"
