@@ -491,23 +491,48 @@ minimal_at_two_seqs() {  # issue 30 items 3 and 5 on 0.26.0: the shrink at a bat
 
 release_answers() {  # everything of one lease side by side: setups, then bisect_releases,
   # minimal_at_two_seqs, V1-forced capture pairs on 0.29.0 and 0.30.0 (issue 29 item 2), notebooks
-  # 04 and 06 + the CUDA checks on 0.26.0 (item 6); pack with pack_release_answers
+  # 04 and 06 + the CUDA checks on 0.26.0 (item 6), the 3-request script and a V1-forced shrink on
+  # 0.32.0 (issue 30 item 5); pack with pack_release_answers.
+  # SS_PARTS="a b": only those parts (default: bisect minimal v1caps gallery on32)
+  local parts=${SS_PARTS:-"bisect minimal v1caps gallery on32"}
+  has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
   mkdir -p "$SS/logs"
   # one editable install serves every release: it lands in the image venv, and activate puts this
   # checkout's lib first on PYTHONPATH for each release
   bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
-  ( bisect_releases "${SS_BISECT_MAX_S:-1200}" ) > "$SS/logs/bisect.log" 2>&1 &
-  ( minimal_at_two_seqs ) > "$SS/logs/minimal_two.log" 2>&1 &
-  ( cap_pair 0.29.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 --set model_runner=v1 ) \
-    > "$SS/logs/v1_29.log" 2>&1 &
-  ( cap_pair 0.30.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 --set model_runner=v1 ) \
-    > "$SS/logs/v1_30.log" 2>&1 &
-  ( SS_TIMEOUT=900 ss render_gpu 0.26.0 render 04_where_state_diverges 06_hypotheses \
-      --out "$SS/0.26.0/gallery-gpu" --no-png --json; SS_RELEASE=0.26.0 cuda_checks ) \
-    > "$SS/logs/gallery26.log" 2>&1 &
+  has bisect && ( bisect_releases "${SS_BISECT_MAX_S:-1200}" ) > "$SS/logs/bisect.log" 2>&1 &
+  has minimal && ( minimal_at_two_seqs ) > "$SS/logs/minimal_two.log" 2>&1 &
+  has v1caps && ( cap_pair 0.29.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 \
+      --set model_runner=v1 ) > "$SS/logs/v1_29.log" 2>&1 &
+  has v1caps && ( cap_pair 0.30.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 0:12 \
+      --set model_runner=v1 ) > "$SS/logs/v1_30.log" 2>&1 &
+  has gallery && ( SS_TIMEOUT=900 ss render_gpu 0.26.0 render 04_where_state_diverges 06_hypotheses \
+      --out "$SS/0.26.0/gallery-gpu" --no-png --json
+      [ "${SS_NO_CUDA:-0}" = 1 ] || SS_RELEASE=0.26.0 cuda_checks ) > "$SS/logs/gallery26.log" 2>&1 &
+  has on32 && ( on_current 0.32.0 ) > "$SS/logs/on32.log" 2>&1 &
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
   echo done > "$SS/logs/DONE"
+}
+
+on_current() {  # VERSION: issue 30 item 5 on a current release, Model Runner V1 forced: the committed
+  # 3-request script (from 0.26.0) run 3x with VLLM_USE_V2_MODEL_RUNNER=0 and once at the release
+  # default, beside a shrink of the 198-request trace at a batch of two (V1 forced, episodes+steps)
+  local v=$1 D="$SS/$1/on_current" R="${SS_RESUME_DIR:-$REPO/.gk-resume}"
+  mkdir -p "$D/shrink"
+  local repro="$R/at_two_seqs_repro.py"
+  one() { local log=$1; shift
+    ( activate "$v" && cd "$D" && printf 'repro\tvllm %s\t%s python repro.py --model %s\n' "$v" "$*" \
+        "<checkout>/data/models/$MODEL" >> "$SS/commands.txt" &&
+      env "$@" timeout 400 "$PY" "$repro" --model "$REPO/data/models/$MODEL" > "$D/$log" 2>&1
+      echo "rc=$?" >> "$D/$log" ); }
+  [ -f "$repro" ] && { one v1_1.log VLLM_USE_V2_MODEL_RUNNER=0 & one v1_2.log VLLM_USE_V2_MODEL_RUNNER=0 &
+    one v1_3.log VLLM_USE_V2_MODEL_RUNNER=0 & one default.log PYTHONUNBUFFERED=1 & }
+  SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-900} SS_JOBDIR="$D" ss shrink "$v" shrink "$R/shrink/minimal.jsonl" \
+    --model "$MODEL" --control no_async --keep-failing 3 --both-set model_runner=v1 \
+    --both-set max_num_seqs=2 --both-set max_num_batched_tokens=4096 --phases episodes,steps \
+    --out "$D/shrink" --json
+  wait
 }
 
 reproducer_answers() {  # the 0.26.0-only part of release_answers (4 kit calls instead of 32): the
@@ -541,6 +566,7 @@ pack_release_answers() {  # what release_answers wrote so far -> $OUT (safe whil
   [ -d "$SS/0.26.0/minimal_two" ] && ( cd "$SS/0.26.0" && find minimal_two -not -path '*/caps/*' \
       -type f -print0 | tar czf "$OUT/minimal_two.tar.gz" --null -T - )
   for v in 0.26.0 0.29.0 0.30.0; do [ -d "$SS/$v/caps" ] && tar czf "$OUT/caps-$v.tar.gz" -C "$SS/$v" caps; done
+  [ -d "$SS/0.32.0/on_current" ] && tar czf "$OUT/on_current-0.32.0.tar.gz" -C "$SS/0.32.0" on_current
   tar czf "$OUT/gallery.tar.gz" -C "$SS" 0.26.0/gallery-gpu 0.26.0/cuda 2>/dev/null
   tar czf "$OUT/logs.tar.gz" -C "$SS" logs commands.txt 2>/dev/null
   ls -la "$OUT"; tail -n 3 "$SS"/logs/*.log 2>/dev/null | cut -c1-220
@@ -594,6 +620,7 @@ case "${1:-}" in
   bisect_releases) shift; bisect_releases "$@" ;;
   minimal_at_two_seqs) minimal_at_two_seqs ;;
   release_answers) release_answers ;;
+  on_current) shift; on_current "$@" ;;
   reproducer_answers) reproducer_answers ;;
   pack_release_answers) pack_release_answers ;;
   gallery_checks) shift; gallery_checks "$@" ;;
