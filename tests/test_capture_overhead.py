@@ -48,6 +48,21 @@ def test_ratios_recompute_every_committed_probe_summary():
                 assert got[mode][key] == value, (name, size, wl, mode, key)
 
 
+@pytest.mark.parametrize("runner, lo, hi", [("v1", 0.9285, 1.0043), ("v2", 0.878, 0.9458)])
+def test_the_0_32_0_runs_alone_recompute_and_decide(runner, lo, hi):
+    """0.32.0, run alone on the H200 (30 paired rounds of the gui workload, off vs digest):
+    recomputed from the raw rounds. V2's 95 % interval lies below 0.97, so the 3 % goal is not met
+    on Model Runner V2; V1's straddles it (+-3.8 %, not the +-1.5 % that would decide it)."""
+    d = json.loads((GPU / "capture_overhead_0.32.0" / f"{runner}.json").read_text())
+    assert d["resolved"]["runner_version"] == runner.upper()
+    part = d["workloads"]["gui"]
+    got = overhead_ratios(part["rows"], list(part["summary"]))
+    assert got == part["summary"]
+    ci = got["digest"]["paired_ratio_ci"]
+    assert (ci["lo"], ci["hi"]) == (lo, hi) and got["digest"]["rounds"] == 30
+    assert (ci["hi"] < 0.97) is (runner == "v2")
+
+
 def test_ratios_recompute_the_e2e_arms_committed_ratios():
     from statescope.results import e2e as gr
 

@@ -43,6 +43,30 @@ def test_the_three_request_script_fails_three_times_and_is_clean_async_off_v2_an
     assert sum("without it the failure is gone" in c for c in conditions) == 3
 
 
+def test_on_a_current_release_with_v1_forced_the_shrink_finds_the_same_three_requests():
+    """0.32.0, Model Runner V1 forced: the 0.26.0 three-request script fails the same request
+    three times out of three (clean at the release default, V2), and a shrink of the 198-request
+    trace there (batch of two) ends at the same three requests and the same failing one."""
+    import json
+
+    from statescope.results.minimal_reproducer import ROOT
+
+    runs = _rows(folder="on_0.32.0_v1_forced/repro", setting="VLLM_USE_V2_MODEL_RUNNER=0")
+    assert len(runs) == 3 and all((r["corrupted"], r["requests"], r["rc"]) == (1, 3, 1) for r in runs)
+    assert {tuple(r["corrupted_requests"]) for r in runs} == {("s2-ep0001 step 0",)}
+    assert {(r["vllm"], r["runner"]) for r in runs} == {("0.32.0", "V1")}
+    [default] = _rows(folder="on_0.32.0_v1_forced/repro", setting="the release's default")
+    assert (default["corrupted"], default["runner"]) == (0, "V2")
+    here = (ROOT / "on_0.32.0_v1_forced/shrink/minimal.jsonl").read_text().splitlines()
+    there = (ROOT / "at_two_seqs/shrink/minimal.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in here] == [json.loads(x) for x in there]
+    result = json.loads((ROOT / "on_0.32.0_v1_forced/shrink/result.json").read_text())
+    assert result["original"]["resolved"]["runner_version"] == "V1"
+    assert result["minimal"]["failing_requests"] == [["s2-ep0001", 0]]
+    conditions = shrink_conditions("on_0.32.0_v1_forced/shrink")
+    assert sum("without it the failure is gone" in c for c in conditions) == 3
+
+
 def test_the_batch_conditions_are_stated():
     conditions = shrink_conditions()
     assert any("max_num_seqs=1 passes" in c for c in conditions)

@@ -25,11 +25,12 @@ ROOT = Path(__file__).resolve().parents[3] / "data" / "results" / "gpu" / "minim
 SETTINGS = {"as_exported": "as exported", "async_off": "--set async_scheduling=false",
             "v2": "VLLM_USE_V2_MODEL_RUNNER=1", "v1": "VLLM_USE_V2_MODEL_RUNNER=0",
             "default": "the release's default", "accept_sync": "--patch accept_sync (PATCHED)"}
-# the release each folder's script ran on (the 0.26.0 script, unchanged, on 0.32.0 in on_0.32.0/)
+# the release each folder's script ran on (0.26.0 scripts, unchanged, on 0.32.0 in on_0.32.0*/)
 FOLDERS = {"repro": ("0.26.0", "episodes shrunk, max_num_seqs=32"),
            "batch_phase/repro": ("0.26.0", "batch shrunk: max_num_seqs=2, max_num_batched_tokens=4096"),
            "on_0.32.0": ("0.32.0", "the max_num_seqs=32 script, unchanged"),
-           "at_two_seqs/repro": ("0.26.0", "batch of two, episodes and steps shrunk: 3 requests")}
+           "at_two_seqs/repro": ("0.26.0", "batch of two, episodes and steps shrunk: 3 requests"),
+           "on_0.32.0_v1_forced/repro": ("0.32.0", "the 3-request script, unchanged")}
 _COUNT = re.compile(r"^(\d+)/(\d+) corrupted$")
 _RC = re.compile(r"^rc=(\d+)$")
 _RESOLVED = re.compile(r"^resolved: vllm (\S+), model runner (\S+) \((V\d)\), async scheduling (\w+)")
