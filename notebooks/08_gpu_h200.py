@@ -386,6 +386,22 @@ pd.DataFrame([releases.bisection_answer(setting=s) for s in ("default", "v1", "v
     ["setting", "verdict", "probes", "model_confidence"]]
 
 # %% [markdown]
+# Then asked **live**, one `statescope bisect --builds env:… --mode fix` per setting over five real
+# releases (0.26.0, 0.28.0, 0.29.0, 0.30.0, 0.32.0; every probe started engines on the H200,
+# `statescope.results.release_bisections`):
+
+# %%
+from statescope.results import release_bisections
+pd.DataFrame(release_bisections.live_bisections())[
+    ["setting", "outcome", "answer", "probes", "cells", "wall_s"]]
+
+# %% [markdown]
+# **Reading.** Each of the three possible answers came out where the releases imply it: at default
+# settings 0.29.0 is the first good release (confirmed on both sides: 0.28.0 fails, 0.29.0 is clean
+# on two seed sets); with V1 forced none is good (0.32.0 fails as 0.26.0 does); with V1 forced and
+# `accept_sync` the first build is already good (0/384 over four disjoint seed sets).
+
+# %% [markdown]
 # ## 8 · A minimal reproducer a maintainer runs with plain vLLM
 #
 # `statescope shrink` took a failing 288-request workload (0.26.0, V1 + async) to 33 episodes
@@ -422,3 +438,11 @@ minimal_reproducer.shrink_conditions("at_two_seqs/shrink")
 # gives 3, in a step where the request moved to another batch row beside a prefill. H-accept ranks
 # first (`data/results/gpu/capture_pairs/minimal_at_two_seqs.tar.gz`,
 # `tests/test_gpu_capture_pairs.py`).
+
+# %% [markdown]
+# On a current release with V1 forced (0.32.0, `VLLM_USE_V2_MODEL_RUNNER=0`) the same 3-request
+# script fails the same request three times out of three, and a shrink run there from the
+# 198-request trace ends at the same three requests (rows `on_0.32.0_v1_forced` above):
+
+# %%
+minimal_reproducer.shrink_conditions("on_0.32.0_v1_forced/shrink")[:3]

@@ -55,6 +55,17 @@ def test_default_answer_is_confirmed_on_both_sides():
     assert by_release["0.29.0"]["failed"] == 0 and by_release["0.29.0"]["units"] >= 192
 
 
+def test_the_notebook_table_reads_the_same_answers(tmp_path):
+    from statescope.errors import InputError
+    from statescope.results.release_bisections import live_bisections
+
+    rows = {r["setting"]: r for r in live_bisections()}
+    assert {k: (r["outcome"], r["answer"]) for k, r in rows.items()} == EXPECTED
+    assert rows["default"]["probes"].split(", ")[-1] == "0.28.0 11/96"
+    with pytest.raises(InputError, match="default/stdout.json"):
+        live_bisections(tmp_path)
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_search_replayed_on_the_recorded_counts_asks_for_the_same_probes(name):
     report = _report(name)
