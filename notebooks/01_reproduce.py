@@ -24,12 +24,13 @@
 # prefix cache or never accepted a draft.
 
 # %%
+from statescope.verdict import Experiment
 from statescope.verdict import reproduce as rp
 from statescope.workload import preset_trace
 from statescope.records import new_run_id
 
 trace = preset_trace("smoke", geometry="mixed")  # prompt ends before/at/after align boundaries
-trigger, control = rp.standard_arms("reference")
+trigger, control = Experiment(control="reference").arms()  # what `statescope reproduce` builds
 
 # %% [markdown]
 # Run both arms on real vLLM (one fresh engine each; records are appended to `runs/` as they

@@ -206,10 +206,10 @@ engine.close()
 # %%
 from statescope.verdict import reproduce_with_capture
 from statescope.patches import FaultSpec
-from statescope.verdict import standard_arms
+from statescope.verdict import Experiment
 from statescope.workload import preset_trace
-trigger, control = standard_arms("reference")
-trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
+planted = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
+trigger, control = Experiment(control="reference", fault=planted).arms()
 
 # %%
 both = reproduce_with_capture(trigger, control, preset_trace("smoke"), store_root=out,

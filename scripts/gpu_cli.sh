@@ -72,6 +72,24 @@ ss() {  # NAME VERSION ARGS...: one statescope command, logged; its stdout is it
   return 0
 }
 
+repro_run() {  # VERSION SCRIPT LOG LIMIT_S [ENV=VALUE...] [-- ARGS...]: one run of an exported
+  # plain-vLLM script as a maintainer runs it (in LOG's folder, the release's Python, ENV set),
+  # the command in commands.txt (this checkout written <checkout>), its exit status at LOG's end
+  local v=$1 script=$2 log=$3 limit=$4; shift 4
+  local envs=(PYTHONUNBUFFERED=1)
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  local shown="${envs[*]:1} python $(basename "$script") $*"
+  ( activate "$v" && cd "$(dirname "$log")" &&
+    printf 'repro\tvllm %s\t%s\n' "$v" "${shown//$REPO/<checkout>}" >> "$SS/commands.txt" &&
+    env "${envs[@]}" timeout "$limit" "$PY" "$script" "$@" > "$log" 2>&1
+    echo "rc=$?" >> "$log" )
+}
+
+has() {  # PART: whether PART is in $parts (the caller's list of parts to run)
+  case " ${parts:-} " in *" $1 "*) return 0 ;; esac; return 1
+}
+
 bg() {  # run a job in the background (on the GPU, side by side), or in turn with SS_SERIAL=1
   if [ "${SS_SERIAL:-0}" = 1 ]; then "$@"; else "$@" & fi
 }
@@ -352,15 +370,10 @@ shrink_chain() {  # VERSION DIR SEEDS: the shrink of SEEDS (resumes from DIR/shr
     ${SS_SHRINK_PHASES:+--phases "$SS_SHRINK_PHASES"} --out "$M/shrink" --json
   SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
   [ -f "$M/repro/repro.py" ] || return 0
-  repro_run() {  # LOG [ENV=VALUE] [-- ARGS]: one run of the exported script, its exit status logged
-    local log=$1; shift
-    ( activate "$v" && cd "$M/repro" && printf 'repro\tvllm %s\t%s python repro.py %s\n' "$v" \
-        "${SS_REPRO_ENV:-}" "$*" >> "$SS/commands.txt" &&
-      env ${SS_REPRO_ENV:-} timeout 600 "$PY" repro.py "$@" > "$log" 2>&1; echo "rc=$?" >> "$log" )
-  }
-  local i; for i in 1 2 3; do repro_run "as_exported_$i.log" & done
-  repro_run async_off.log --set async_scheduling=false &
-  SS_REPRO_ENV=VLLM_USE_V2_MODEL_RUNNER=1 repro_run v2.log &
+  local i R="$M/repro/repro.py"
+  for i in 1 2 3; do repro_run "$v" "$R" "$M/repro/as_exported_$i.log" 600 & done
+  repro_run "$v" "$R" "$M/repro/async_off.log" 600 -- --set async_scheduling=false &
+  repro_run "$v" "$R" "$M/repro/v2.log" 600 VLLM_USE_V2_MODEL_RUNNER=1 &
   wait
 }
 
@@ -408,7 +421,6 @@ localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the ca
   mkdir -p "$SS/logs"
   bash "$0" setup 0.26.0 > "$SS/logs/setup-0.26.0.log" 2>&1
   bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
-  has() { case " $parts " in *" $1 "*) return 0;; esac; return 1; }
   has min26 && ( cap_pair 0.26.0 minimal --model "$MODEL" --trace "$trace" ) > "$SS/logs/min26.log" 2>&1 &
   has clean26 && ( cap_pair 0.26.0 one_at_a_time --model "$MODEL" --trace "$trace" --set max_num_seqs=1 ) \
     > "$SS/logs/clean26.log" 2>&1 &
@@ -426,11 +438,10 @@ localise() {  # 0.26.0 (image torch) + 0.32.0 (torch 2.13), side by side: the ca
     --no-png --json; SS_RELEASE=0.26.0 cuda_checks ) > "$SS/logs/gallery26.log" 2>&1 &
   if has repro32; then  # the 0.26.0 reproducer, unchanged, on 0.32.0: V1 forced (twice) and the default
     ( local D="$SS/0.32.0/repro26"; mkdir -p "$D"; cp "$repro" "$D/"
-      one() { local log=$1 e=$2; ( activate 0.32.0 && cd "$D" && printf 'repro\tvllm 0.32.0\t%s python repro.py --model %s\n' \
-          "$e" "$REPO/data/models/$MODEL" >> "$SS/commands.txt" && env $e timeout 900 "$PY" repro.py \
-          --model "$REPO/data/models/$MODEL" > "$D/$log" 2>&1; echo "rc=$?" >> "$D/$log" ); }
-      one v1_1.log VLLM_USE_V2_MODEL_RUNNER=0 & one v1_2.log VLLM_USE_V2_MODEL_RUNNER=0 &
-      one default.log PYTHONUNBUFFERED=1 & wait ) > "$SS/logs/repro32.log" 2>&1 &
+      local m=(-- --model "$REPO/data/models/$MODEL")
+      repro_run 0.32.0 "$D/repro.py" "$D/v1_1.log" 900 VLLM_USE_V2_MODEL_RUNNER=0 "${m[@]}" &
+      repro_run 0.32.0 "$D/repro.py" "$D/v1_2.log" 900 VLLM_USE_V2_MODEL_RUNNER=0 "${m[@]}" &
+      repro_run 0.32.0 "$D/repro.py" "$D/default.log" 900 "${m[@]}" & wait ) > "$SS/logs/repro32.log" 2>&1 &
   fi
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
@@ -473,17 +484,11 @@ minimal_at_two_seqs() {  # issue 30 items 3 and 5 on 0.26.0: the shrink at a bat
     --both-set max_num_batched_tokens=4096 --phases episodes,steps --out "$M/shrink" --json
   SS_JOBDIR="$M" ss export "$v" export-repro "$M/shrink" --out "$M/repro" --json
   [ -f "$M/repro/repro.py" ] || return 0
-  repro_run() {  # LOG [ARGS]: one run of the exported script (SS_REPRO_ENV: its environment)
-    local log=$1; shift
-    ( activate "$v" && cd "$M/repro" && printf 'repro\tvllm %s\t%s python repro.py --model %s %s\n' "$v" \
-        "${SS_REPRO_ENV:-}" "<checkout>/data/models/$MODEL" "$*" >> "$SS/commands.txt" &&
-      env ${SS_REPRO_ENV:-} timeout 400 "$PY" repro.py --model "$REPO/data/models/$MODEL" "$@" > "$log" 2>&1
-      echo "rc=$?" >> "$log" )
-  }
-  local i; for i in 1 2 3; do repro_run "as_exported_$i.log" & done
-  repro_run async_off.log --set async_scheduling=false &
-  SS_REPRO_ENV=VLLM_USE_V2_MODEL_RUNNER=1 repro_run v2.log &
-  repro_run accept_sync.log --patch accept_sync &
+  local i R="$M/repro/repro.py" m=(--model "$REPO/data/models/$MODEL")
+  for i in 1 2 3; do repro_run "$v" "$R" "$M/repro/as_exported_$i.log" 400 -- "${m[@]}" & done
+  repro_run "$v" "$R" "$M/repro/async_off.log" 400 -- "${m[@]}" --set async_scheduling=false &
+  repro_run "$v" "$R" "$M/repro/v2.log" 400 VLLM_USE_V2_MODEL_RUNNER=1 -- "${m[@]}" &
+  repro_run "$v" "$R" "$M/repro/accept_sync.log" 400 -- "${m[@]}" --patch accept_sync &
   ( cap_pair "$v" minimal_two --model "$MODEL" --trace "$M/shrink/minimal.jsonl" --set max_num_seqs=2 \
     --set max_num_batched_tokens=4096 ) &
   wait
@@ -495,7 +500,6 @@ release_answers() {  # everything of one lease side by side: setups, then bisect
   # 0.32.0 (issue 30 item 5); pack with pack_release_answers.
   # SS_PARTS="a b": only those parts (default: bisect minimal v1caps gallery on32)
   local parts=${SS_PARTS:-"bisect minimal v1caps gallery on32"}
-  has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
   mkdir -p "$SS/logs"
   # one editable install serves every release: it lands in the image venv, and activate puts this
   # checkout's lib first on PYTHONPATH for each release
@@ -521,13 +525,11 @@ on_current() {  # VERSION: issue 30 item 5 on a current release, Model Runner V1
   local v=$1 D="$SS/$1/on_current" R="${SS_RESUME_DIR:-$REPO/.gk-resume}"
   mkdir -p "$D/shrink"
   local repro="$R/at_two_seqs_repro.py"
-  one() { local log=$1; shift
-    ( activate "$v" && cd "$D" && printf 'repro\tvllm %s\t%s python repro.py --model %s\n' "$v" "$*" \
-        "<checkout>/data/models/$MODEL" >> "$SS/commands.txt" &&
-      env "$@" timeout 400 "$PY" "$repro" --model "$REPO/data/models/$MODEL" > "$D/$log" 2>&1
-      echo "rc=$?" >> "$D/$log" ); }
-  [ -f "$repro" ] && { one v1_1.log VLLM_USE_V2_MODEL_RUNNER=0 & one v1_2.log VLLM_USE_V2_MODEL_RUNNER=0 &
-    one v1_3.log VLLM_USE_V2_MODEL_RUNNER=0 & one default.log PYTHONUNBUFFERED=1 & }
+  local m=(-- --model "$REPO/data/models/$MODEL") i
+  if [ -f "$repro" ]; then
+    for i in 1 2 3; do repro_run "$v" "$repro" "$D/v1_$i.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 "${m[@]}" & done
+    repro_run "$v" "$repro" "$D/default.log" 400 "${m[@]}" &
+  fi
   SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-900} SS_JOBDIR="$D" ss shrink "$v" shrink "$R/shrink/minimal.jsonl" \
     --model "$MODEL" --control no_async --keep-failing 3 --both-set model_runner=v1 \
     --both-set max_num_seqs=2 --both-set max_num_batched_tokens=4096 --phases episodes,steps \

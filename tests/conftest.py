@@ -38,7 +38,7 @@ class EnginePool:
     def get(self, config: EngineConfig):
         from statescope.engine.offline import OfflineEngine
 
-        if self.engine is not None and self.config == config and _parallel_groups_alive():
+        if self.engine is not None and self.config == config and self.engine.usable:
             return self.engine
         self.close()
         self.engine = OfflineEngine(config)
@@ -53,17 +53,6 @@ class EnginePool:
             except Exception:  # a pooled engine whose process groups are gone: nothing to keep
                 pass
         self.engine, self.config = None, None
-
-
-def _parallel_groups_alive() -> bool:
-    """vLLM keeps its model-parallel groups per process: an engine a test starts and shuts down
-    in-process destroys them under the pooled engine, whose next step then fails ("pipeline
-    model parallel group is not initialized"). Such a pooled engine is restarted, not reused."""
-    try:
-        from vllm.distributed.parallel_state import model_parallel_is_initialized
-    except ImportError:
-        return True
-    return bool(model_parallel_is_initialized())
 
 
 # The slowest files, slowest first (wall seconds of a fresh-clone `bin/test` run, 2 workers,

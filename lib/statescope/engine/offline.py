@@ -5,7 +5,10 @@ What it does: ``OfflineEngine`` takes an ``EngineConfig`` (``statescope.engine.c
 ``RequestRecord`` per request (token ids, text, cached-token count, finish reason, per-token
 logprob and top-1/top-2 margin). ``resolved()`` reads back what the engine *actually* runs, which is
 not always what was asked: the CPU platform turns async scheduling off without a word, and prefix
-caching silently picks a Mamba cache mode. ``metrics()`` reads vLLM's own counters.
+caching silently picks a Mamba cache mode. ``metrics()`` reads vLLM's own counters. ``usable``
+says whether the engine can still step: vLLM keeps its model-parallel groups per process, so
+closing one in-process engine destroys them under every other; such an engine then refuses to
+generate with one clear ``EnvironmentBroken`` instead of failing deep inside vLLM.
 
 What it deliberately does not do: drive ``vllm serve`` (``statescope.engine.server``), detect corruption
 (``statescope.verdict.detect``) or capture state (``statescope.capture.recorder``).
@@ -103,6 +106,17 @@ def start_error(exc: BaseException, kwargs: dict, what: str = "vLLM engine start
                             f"  model: {kwargs.get('model')}\n  engine arguments: {args}")
 
 
+def parallel_groups_alive() -> bool:
+    """Whether vLLM's model-parallel groups exist in this process. vLLM keeps one set per
+    process: shutting down one in-process engine destroys them under every other live one, whose
+    next step would fail deep inside vLLM ("pipeline model parallel group is not initialized")."""
+    try:
+        from vllm.distributed.parallel_state import model_parallel_is_initialized
+    except ImportError:
+        return True
+    return bool(model_parallel_is_initialized())
+
+
 class OfflineEngine:
     """A real in-process vLLM engine for one ``EngineConfig``."""
 
@@ -140,6 +154,8 @@ class OfflineEngine:
                     os.environ[k] = v
         self.startup_s = time.perf_counter() - t0
         self._count = 0
+        # a release whose check never reads True here is not judged by it (usable stays True)
+        self._groups_at_start = parallel_groups_alive()
 
     def generate(self, prompts: Sequence[str | Sequence[int] | dict], *, max_tokens: int = 32,
                  logprobs: int = 2, ignore_eos: bool = False) -> list[RequestRecord]:
@@ -147,6 +163,13 @@ class OfflineEngine:
         is passed to vLLM as is (``prompt_token_ids`` + ``multi_modal_data`` for images)."""
         from vllm import SamplingParams
 
+        if not self.usable:
+            raise EnvironmentBroken(
+                "this in-process engine can no longer step: " + (
+                    "it was closed" if self.llm is None else
+                    "another in-process engine of this process was shut down, which destroys "
+                    "vLLM's per-process parallel groups under it; start a new engine "
+                    "(OfflineEngine.usable says when)"))
         inputs = [p if isinstance(p, (str, dict)) else {"prompt_token_ids": list(p)}
                   for p in prompts]
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs,
@@ -200,6 +223,12 @@ class OfflineEngine:
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.llm.reset_prefix_cache())
+
+    @property
+    def usable(self) -> bool:
+        """Open, and vLLM's per-process parallel groups still exist (``parallel_groups_alive``)."""
+        return getattr(self, "llm", None) is not None and (
+            not getattr(self, "_groups_at_start", False) or parallel_groups_alive())
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

@@ -2,8 +2,8 @@
 
 What it does: ``e2e_arms`` makes the trigger arm (prefix caching + align + MTP(2) + async scheduling,
 CUDA graphs on a GPU) and the three controls (async off; prefix caching off; MTP off) from
-``statescope.verdict.reproduce.standard_arms``, pointed at one model with the GPU engine settings
-(``gpu_extra``). ``e2e_trace`` is the workload: the ``long`` GUI-agent preset repeated over seeds,
+one ``statescope.verdict.experiment.Experiment`` per control, pointed at one model with the GPU
+arms' own engine settings (``gpu_extra``; the device profile adds the machine's). ``e2e_trace`` is the workload: the ``long`` GUI-agent preset repeated over seeds,
 episodes renamed per seed. ``run_one_arm`` runs an arm through ``reproduce.run_arm``'s loop into a
 results store and returns what the verdict needs besides the records (metrics, resolved config,
 lifetimes, the arm's key and guard expectations) as a JSON-able dict, which
@@ -16,7 +16,6 @@ capture (``statescope.capture.overhead``), or drive a device job (``statescope.g
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -26,29 +25,29 @@ CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96]
 
 
 def gpu_extra(capture_sizes: list[int] | None = None) -> dict:
-    """vLLM settings the H200 runs need (FlashInfer is not carried; few CUDA-graph sizes)."""
-    return {"additional_config": {"gdn_prefill_backend": "triton"},
-            "compilation_config": {"cudagraph_capture_sizes": list(capture_sizes or CAPTURE_SIZES)}}
+    """What the GPU arms set beyond the device profile: few CUDA-graph sizes (a faster start;
+    32 sequences x 3 tokens fit in the largest). The machine's own needs (the Triton GDN prefill
+    and vLLM's samplers where FlashInfer is missing) come from the profile at every engine start
+    (``statescope.patches.device_profiles``: ``cuda-triton`` on the project's H200)."""
+    return {"compilation_config": {"cudagraph_capture_sizes": list(capture_sizes or CAPTURE_SIZES)}}
 
 
 def e2e_arms(model: str, *, gpu: bool = True, eager: bool = False, max_num_seqs: int = 32) -> dict:
-    """name -> Arm for the trigger and each control, all on ``model``."""
-    from statescope.verdict.reproduce import standard_arms
+    """name -> Arm for the trigger and each control, all on ``model``: one ``Experiment`` per
+    control (``statescope.verdict.experiment``), async scheduling on where the arm allows it."""
+    from statescope.verdict.experiment import Experiment
 
-    arms = {}
-    for control in CONTROLS:
-        trigger, ctl = standard_arms(control)
-        arms.setdefault("trigger", trigger)
-        arms[control] = ctl
+    both: dict[str, Any] = {"enforce_eager": eager or not gpu, "max_num_seqs": max_num_seqs,
+                            "extra": gpu_extra() if gpu else {}}
+    on = {"async_scheduling": True if gpu else None}
     out = {}
-    for name, arm in arms.items():
-        changes: dict[str, Any] = {"model": str(model), "enforce_eager": eager or not gpu,
-                                   "max_num_seqs": max_num_seqs, "extra": gpu_extra() if gpu else {}}
-        if name in ("trigger", "no_prefix_cache", "no_mtp"):
-            changes["async_scheduling"] = True if gpu else None
-        # the one override rule of every command (statescope.engine.overrides)
-        out[name] = dataclasses.replace(arm, config=arm.config.with_overrides(
-            changes, where=f"GPU arm {name}"))
+    for control in CONTROLS:
+        experiment = Experiment(control=control, model=str(model), both_set=both,
+                                trigger_set=on, control_set={} if control == "no_async" else on,
+                                flags=("GPU arms", "GPU arm trigger", f"GPU arm {control}"))
+        trigger, ctl = experiment.arms()
+        out.setdefault("trigger", trigger)
+        out[control] = ctl
     return out
 
 

@@ -5,6 +5,7 @@ from statescope.wings import public_face
 
 __getattr__, __dir__, __all__ = public_face(__name__, {
     "classify_output": "detect", "label_records": "detect", "label_requests": "detect",
+    "Experiment": "experiment",
     "cell_config": "matrix", "config_matrix": "matrix", "Arm": "reproduce", "ArmRun": "reproduce",
     "label_rows": "reproduce", "reproduce_with_capture": "reproduce",
     "run_arm": "reproduce", "standard_arms": "reproduce", "summarize_arm": "reproduce",

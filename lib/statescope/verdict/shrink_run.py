@@ -175,7 +175,7 @@ def run_workload(arm: Arm, work: Workload, pool: EnginePool, out: Path) -> dict:
     ``label_run`` labels them), seconds, the engine arguments and environment it ran with."""
     from statescope.engine.offline import import_vllm
 
-    config = arm.config.replace(**work.overrides)
+    config = arm.config.with_overrides(work.overrides, where="shrink candidate")  # the one rule
     import_vllm()  # vLLM whole, after statescope's import shims, before any patch reaches in
     prepare_offline_arm(arm, out)
     t0 = time.perf_counter()
