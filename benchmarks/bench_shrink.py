@@ -27,7 +27,8 @@ import time
 from collections import Counter
 
 
-def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps: int = 6) -> dict:
+def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps: int = 6,
+             order: tuple = ()) -> dict:
     from statescope.verdict.reproduce import standard_arms
     from statescope.verdict.shrink import _Search
     from statescope.verdict.shrink_run import Workload
@@ -47,6 +48,8 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
             self.trigger, self.control = standard_arms("no_async")
             self.done: dict = {}
             self.engine_runs = 0
+            self.request_runs = 0  # requests x runs: what a run's time grows with
+            self.serial_request_runs = 0
 
         def key(self, work: Workload, strict: bool = True) -> str:
             return work.key() + ("strict" if strict else "quick")
@@ -55,6 +58,10 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
             failed = fails(work)
             runs = keep_failing + 1 if failed and strict else 1
             self.engine_runs += runs
+            self.request_runs += runs * work.n_requests()
+            seqs = work.overrides.get("max_num_seqs", 32)
+            # one request at a time serialises the whole workload: the slow run of a big trace
+            self.serial_request_runs += runs * work.n_requests() * (seqs == 1)
             entry = {"key": self.key(work, strict), "phase": phase, "failed": failed,
                      "trigger_failures": [[["ep061", 3]]] if failed else [[]],
                      "engine_runs": runs, "n_requests": work.n_requests(),
@@ -69,10 +76,13 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
     t0 = time.perf_counter()
     search.test(start, "confirm", {})
     search.accept(start)
-    search.episodes()
-    search.steps()
-    search.batch({"max_num_batched_tokens": 2048, "block_size": 64})
-    search.prompt()
+    from statescope.verdict.shrink import PHASES
+
+    for phase in order or PHASES:  # the default order, as statescope shrink runs it
+        if phase == "batch":
+            search.batch({"max_num_batched_tokens": 2048, "block_size": 64})
+        else:
+            getattr(search, phase)()
     if not strict:  # the result verified: K trigger runs + the control
         search.trials.append(runner.evaluate(search.current, "verify", {}, 0, strict=True))
     per_phase = Counter(t["phase"] for t in search.trials)
@@ -84,7 +94,9 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
             "minimal_requests": search.current.n_requests(),
             "minimal_episodes": search.current.order, "trials": len(search.trials),
             "trials_per_phase": dict(per_phase), "engine_runs_per_phase": dict(runs),
-            "engine_runs": runner.engine_runs, "conditions": search.conditions,
+            "engine_runs": runner.engine_runs, "request_runs": runner.request_runs,
+            "serial_request_runs": runner.serial_request_runs,
+            "phases": list(order or PHASES), "conditions": search.conditions,
             "search_s": round(time.perf_counter() - t0, 3)}
 
 
@@ -151,13 +163,15 @@ def main() -> None:
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--keep-failing", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="simulate: K runs + control per candidate")
+    ap.add_argument("--phases", default="", help="simulate: the phase order (default: shrink's)")
     ap.add_argument("--logs", nargs="*", default=None, help="candidate logs (default: the H200 chain)")
     ap.add_argument("--json")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.logs is not None:
         out = from_logs(args.logs or H200_LOGS)
     else:
-        out = simulate(args.keep_failing, args.strict) if args.simulate or not shrink_args else real(shrink_args)
+        out = simulate(args.keep_failing, args.strict,
+                       order=tuple(p for p in args.phases.split(",") if p)) if args.simulate or not shrink_args else real(shrink_args)
     for k, v in out.items():
         print(f"{k:>22}: {v}")
     print(f"{'cost goal':>22}: {'met' if out['engine_runs'] <= 40 else 'MISSED'} "

@@ -161,8 +161,10 @@ def add_shrink_subcommands(sub: Any) -> None:
     s.add_argument("--trigger-patch", action="append", default=[], metavar="NAME")
     s.add_argument("--fault-spec", metavar="JSON", help="PLANTED test fault on the trigger arm: a "
                                                         "FaultSpec as JSON (e.g. with prompt_shas)")
-    s.add_argument("--phases", default=None, help="comma-separated subset of episodes,steps,"
-                                                  "batch,prompt (default: all, in that order)")
+    s.add_argument("--phases", default=None, help="comma-separated subset of narrow,episodes,"
+                                                  "steps,batch,prompt (default: all, in that "
+                                                  "order; narrow = the smallest failing batch "
+                                                  "of >= 2 first)")
     s.add_argument("--out", help="the run folder (resumable; default runs/shrink-<trace sha>)")
     s.add_argument("--runs", default="runs")
     s.add_argument("--json", action="store_true")

@@ -3,12 +3,14 @@ arm — and stays clean in the control arm.
 
 What it does: from a failing workload (a trace, or a ``reproduce`` run folder: its trace and arms),
 it confirms the failure, then removes what the failure does not need, phase by phase, each
-candidate a real engine run (``statescope.verdict.shrink_run``): delta debugging
+candidate a real engine run (``statescope.verdict.shrink_run``): first the batch is narrowed
+(``max_num_seqs`` 2, 4, 8, 16: the first that still fails; at a small batch the later phases need
+far fewer candidates), then delta debugging
 (``statescope.verdict.ddmin``) over episodes, then over the steps left (each episode renumbered)
 — partners first: the failing requests' own episodes/steps are kept while ddmin searches the
 others, then reduced themselves —
-then the batch — ``max_num_seqs`` (ascending powers of two below the number of episodes: the
-first that still fails), the token budget ``max_num_batched_tokens`` (halved while it still
+then the batch — ``max_num_seqs`` (ascending powers of two from 1 below the current batch and the
+number of episodes: the first that still fails, so "no partner needed" is tried on the small workload), the token budget ``max_num_batched_tokens`` (halved while it still
 fails), the arrival order (reversed) — then prompt length (each text user turn halved while it
 still fails). A candidate fails as ``reproduce`` counts a failure — the same labelling function
 (``statescope.verdict.detect.label_requests``, through ``shrink_run.label_run``): a degenerate
@@ -44,7 +46,11 @@ from statescope.verdict.shrink_run import (CandidateRunner, Workload, renumbered
                                            workload_from_trace)
 from statescope.workload.trace import TraceStep, episodes_of, write_trace
 
-PHASES = ("episodes", "steps", "batch", "prompt")
+# "narrow" first: at the smallest failing batch the episodes and steps phases converge in far
+# fewer candidates (the H200 chain: the steps phase at a batch of 32 spent ~100 clean candidates;
+# at a batch of two, 198 -> 3 requests took 36), and one request at a time (the slowest run of a
+# large workload) is only tried by "batch", once the workload is small
+PHASES = ("narrow", "episodes", "steps", "batch", "prompt")
 RESULT_FILE = "result.json"
 MINIMAL_TRACE = "minimal.jsonl"
 
@@ -192,6 +198,17 @@ class _Search:
         for ep, step in needed:
             if step > 0 and (ep, step - 1) not in minimal:
                 self.conditions.append(f"{ep} step {step} needs no earlier step of its episode")
+
+    def narrow(self) -> None:
+        """The fewest running requests (``max_num_seqs`` 2, 4, 8, 16: the first that fails) that
+        still fail, before any other phase; one request at a time waits for ``batch``."""
+        cur = self.current
+        seqs = cur.overrides.get("max_num_seqs", self.runner.trigger.config.max_num_seqs)
+        for value in [v for v in (2, 4, 8, 16) if v < min(len(cur.order), seqs)]:
+            work = dataclasses.replace(cur, overrides={**cur.overrides, "max_num_seqs": value})
+            if self.test(work, "narrow", {"max_num_seqs": f"{seqs} -> {value}"}):
+                self.accept(work)
+                return
 
     def batch(self, resolved: dict) -> None:
         cur = self.current
