@@ -11,7 +11,7 @@ after warm-up (what vLLM does after start-up) and off, and the ratio of each to 
 Why: on a GPU the step's host time is the capture's throughput cost (host-bound decode), and a GPU
 is scarce; this measures the Python part of that cost in seconds, anywhere. It does not measure
 torch's CUDA dispatch or the GIL hand-offs with the flusher thread (on the H200 the step costs
-2-3x what it costs here: docs/history/gpu-campaigns.md, round 6).
+2-3x what it costs here: data/results/gpu/overhead_compact_record/, docs/history/gpu-campaigns.md).
 
     .venv/bin/python benchmarks/bench_capture_step.py [--steps 300] [--draft-columns]
 """

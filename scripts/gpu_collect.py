@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def main() -> int:
-    from statescope.results import e2e as gr
+    from statescope.results import e2e
     from statescope.results import files
     from statescope.share.envmanifest import device_manifest
 
@@ -27,15 +27,15 @@ def main() -> int:
     p.add_argument("returned", nargs="*")
     p.add_argument("--manifest-extra", required=True)
     a = p.parse_args()
-    dest = gr.E2E_DIR
+    dest = e2e.E2E_DIR
     for d in a.returned:
         print(d, files.collect(d, dest))
-    (dest / "verdicts.json").write_text(json.dumps(gr.verdict_table(), indent=1) + "\n")
-    summary = {"trigger": gr.trigger_summary(), "guards_from_vllm_counters": gr.guard_table(),
-               "kernel_agreement": gr.kernel_table(), "decision": gr.decision_summary(),
-               "overhead": gr.overhead_table(), "sweep": gr.sweep_table()}
+    (dest / "verdicts.json").write_text(json.dumps(e2e.verdict_table(), indent=1) + "\n")
+    summary = {"trigger": e2e.trigger_summary(), "guards_from_vllm_counters": e2e.guard_table(),
+               "kernel_agreement": e2e.kernel_table(), "decision": e2e.decision_summary(),
+               "overhead": e2e.overhead_table(), "sweep": e2e.sweep_table()}
     if (dest.parent / "e2e_capture_off").is_dir():  # the trigger re-run with capture off
-        summary["capture_on_off"] = gr.capture_on_off(dest)
+        summary["capture_on_off"] = e2e.capture_on_off(dest)
     (dest / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     env = [x["result"] for x in files.parts(dest) if x["part"] == "environment" and x["status"] == "ok"]
     if not env:
@@ -43,7 +43,7 @@ def main() -> int:
     manifest = device_manifest(env[-1])
     manifest.update(json.loads(Path(a.manifest_extra).read_text()))
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print(json.dumps(gr.verdict_table(), indent=1))
+    print(json.dumps(e2e.verdict_table(), indent=1))
     return 0
 
 

@@ -9,7 +9,7 @@ prefix sweep and capture overhead on its engine; the no-MTP control with a sweep
 arms on the race-susceptible variant (GDN head dim 96, 576 B conv rows), built here first. Job C: the
 capture overhead on ~1.6 B and ~6.7 B random-weight Qwen3.5-architecture hybrids
 (load_format="dummy", LARGE_SIZES), then arms A and B left undone. Job A's kernel agreement and build
-decision ran in round 1 (job Q); set E2E_FAST_PARTS=1 to run them again.
+decision ran with job Q (data/results/gpu/e2e/parts_Q.jsonl); set E2E_FAST_PARTS=1 to run them again.
 Everything is appended as it finishes (parts_<job>.jsonl, arms_<job>.jsonl, the results store), so a
 job stopped at its limit still returns what it finished. Each arm runs in its own process with its
 own time limit: ``statescope gpu-arm`` (``statescope.gpu.e2e_run.run_e2e_arm``; ``arm`` here runs the

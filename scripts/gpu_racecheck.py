@@ -4,9 +4,11 @@ What it does: records the environment (``statescope.share.envmanifest.device_env
 vLLM, Triton, GPU, driver, the sha256 of vLLM's mamba_utils.py), then probes vLLM's ``batch_memcpy``
 with left-overlapping copies for a byte-shift sweep and for the tiny model's and Qwen3.5-27B's
 (TP 1/2/4) in-place conv shifts, once unpatched and once with ``statescope.patches.overlap_safe``
-installed, and drives the fused post-process kernel with in-place shifts for several row sizes. Writes OUT/racecheck.json (environment + every row),
-OUT/racecheck.csv (the table) and OUT/racecheck.log. The JSON is rewritten after every probe, so a
-run cut short still returns what it measured.
+installed, and drives the fused post-process kernel with in-place shifts for several row sizes.
+Writes OUT/<tag>.json (environment + every row), OUT/<tag>.csv (the table) and OUT/<tag>.log
+(``--tag``, default ``racecheck``; the committed ones are data/results/gpu/racecheck/*, named by
+what was probed). The JSON is rewritten after every probe, so a run cut short still returns what
+it measured.
 
 What it deliberately does not do: start an engine or a model; it measures the kernels alone.
 Usage (on the device, after the vLLM install):  python3 scripts/gpu_racecheck.py --out "$OUT"
@@ -36,7 +38,8 @@ FUSED_GEOMETRIES = [
     ("fused row768", 768, 5),
     ("fused row1000", 1000, 5),
 ]
-# Round 2 adds the other Qwen3.5-27B TP degrees and rows around 0.28.0's 8 KiB tile.
+# --more-fused (the 10^6-copy batch_memcpy probe) adds the other Qwen3.5-27B TP degrees and rows
+# around 0.28.0's 8 KiB tile.
 FUSED_GEOMETRIES_MORE = [
     ("fused qwen35-27b tp2 row10240", 10240, 5),
     ("fused qwen35-27b tp1 row20480", 20480, 5),

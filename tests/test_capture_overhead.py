@@ -1,7 +1,7 @@
 """The capture's throughput cost in one home (``statescope.capture.overhead``, ``.clock``, ``.overhead_probe``).
 
 Fast (no engine): ``overhead_ratios`` recomputes, from the raw timed rounds, every summary the GPU
-probes committed (rounds 3-6, data/results/gpu/) and every ratio the e2e arms committed — the two
+probes committed (``e2e_factors/``, ``overhead_*/`` and the rest of data/results/gpu/) and every ratio the e2e arms committed — the two
 formerly separate copies of the rule (scripts/gpu_overhead_probe.summarize, gpu_e2e.overhead_ratios)
 agree with the one that replaced them; pairing is by round, not by row order; bad modes and rows
 are one clear error; each mode's spec is a valid capture spec; the clock counts thread time per
@@ -40,7 +40,7 @@ def _probe_parts():
 
 def test_ratios_recompute_every_committed_probe_summary():
     parts = _probe_parts()
-    assert len(parts) >= 16  # rounds 3, 4, 5 and 6
+    assert len(parts) >= 16  # e2e_factors, overhead_modes, _graph_digest, _compact_record, ...
     for name, size, wl, part in parts:
         got = overhead_ratios(part["rows"], list(part["summary"]))
         for mode, committed in part["summary"].items():
@@ -64,12 +64,12 @@ def test_the_0_32_0_runs_alone_recompute_and_decide(runner, lo, hi):
 
 
 def test_ratios_recompute_the_e2e_arms_committed_ratios():
-    from statescope.results import e2e as gr
+    from statescope.results import e2e
 
     checked = 0
     for d in sorted(GPU.glob("e2e*")):
-        sources = [(m.get("after") or {}).get("overhead") for m in gr.arms(d) if m["arm"] == "trigger"]
-        sources += [p["result"] for p in gr.parts(d) if p["part"].startswith("large_overhead") and p["status"] == "ok"]
+        sources = [(m.get("after") or {}).get("overhead") for m in e2e.arms(d) if m["arm"] == "trigger"]
+        sources += [p["result"] for p in e2e.parts(d) if p["part"].startswith("large_overhead") and p["status"] == "ok"]
         for ov in sources:
             if ov and "ratios" in ov:
                 got = overhead_ratios(ov["rows"])

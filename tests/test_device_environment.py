@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from statescope.errors import InputError
-from statescope.results import e2e as gr
+from statescope.results import e2e
 from statescope.share.envmanifest import device_environment, device_manifest
 
 
 def test_committed_environment_parts_give_the_committed_manifest():
-    env = [p["result"] for p in gr.parts() if p["part"] == "environment" and p["status"] == "ok"]
+    env = [p["result"] for p in e2e.parts() if p["part"] == "environment" and p["status"] == "ok"]
     assert env
-    committed = json.loads((gr.E2E_DIR / "manifest.json").read_text())
+    committed = json.loads((e2e.E2E_DIR / "manifest.json").read_text())
     got = device_manifest(env[-1])
     assert got == {k: committed[k] for k in got}
     assert got["driver"] in got["nvidia_smi"] and got["gpu"] == "NVIDIA H200"

@@ -167,7 +167,7 @@ def test_device_path_declines_on_cpu_without_the_interpreter(monkeypatch):
     assert Digester(3).digest_device([ssm], ids) is None  # a CPU tensor: the C / torch paths
     monkeypatch.delenv(digest_mod.ENV_TRITON, raising=False)
     monkeypatch.setattr(digest_mod, "_triton", [])
-    # on by default since it was measured on the H200 (round 3), wherever Triton imports
+    # on by default since it was measured on the H200 (data/results/gpu/e2e_factors/), wherever Triton imports
     import importlib.util
 
     assert (digest_mod.triton_kernel() is not None) == (importlib.util.find_spec("triton") is not None)

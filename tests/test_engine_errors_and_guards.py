@@ -21,8 +21,7 @@ from statescope.errors import InputError
 from statescope.resolved import engagement_metrics, lifetime_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-R3 = REPO / "data" / "results" / "gpu" / "e2e_round3"
-R4 = REPO / "data" / "results" / "gpu" / "e2e_round4"
+PATCH_CHECK = REPO / "data" / "results" / "gpu" / "e2e_patch_check"
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -127,9 +126,10 @@ def test_scheduler_tap_counts_what_vllm_counts_and_keeps_an_engaged_arm_engaged(
 
 # --- like with like -------------------------------------------------------------------------
 
-def _round4_with_other_seeds(dest: Path) -> Path:
-    """Round 4's folder with every episode renamed to seeds round 3's controls never ran."""
-    shutil.copytree(R4, dest)
+def _patch_check_with_other_seeds(dest: Path) -> Path:
+    """The patch check's folder with every episode renamed to seeds its controls (the factor
+    check's) never ran."""
+    shutil.copytree(PATCH_CHECK, dest)
     for f in dest.glob("records_*.jsonl"):
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
         for r in rows:
@@ -139,16 +139,16 @@ def _round4_with_other_seeds(dest: Path) -> Path:
 
 
 def test_gpu_results_refuses_controls_that_share_no_request(tmp_path):
-    d = _round4_with_other_seeds(tmp_path / "e2e_round4")
+    d = _patch_check_with_other_seeds(tmp_path / "e2e_patch_check")
     proc = _cli("gpu-results", str(d), timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-1500:])
     line = proc.stderr.strip().splitlines()[-1]
     assert "cannot compare" in line and "share no request" in line
-    assert str(d) in line and "e2e_round3" in line  # both runs named, in one line
+    assert str(d) in line and "e2e_factors" in line  # both runs named, in one line
     assert "p = 1" not in proc.stdout
 
 
-def test_committed_round4_still_compares_with_round3():
+def test_committed_patch_check_still_compares_with_its_controls():
     from statescope.results import patch_check
 
     rows = patch_check.patch_verdicts()

@@ -18,7 +18,7 @@ import pytest
 def test_gpu_arm_cli_runs_one_arm_into_a_results_folder(engine_pool, tmp_path, capsys):
     from statescope.capture.census import census_report
     from statescope.cli.main import main
-    from statescope.results import e2e as gr
+    from statescope.results import e2e
     from statescope.results import files
 
     engine_pool.close()  # the command starts its own engine: one engine alive at a time
@@ -41,9 +41,9 @@ def test_gpu_arm_cli_runs_one_arm_into_a_results_folder(engine_pool, tmp_path, c
 
     dest = tmp_path / "collected"
     files.collect(out, dest)
-    rows = gr.verdict_table(dest)
+    rows = e2e.verdict_table(dest)
     assert {r["control"]: r["outcome"] for r in rows if r["model"] == "tiny-gui"} == \
         {"no_async": "not run", "no_prefix_cache": "not run", "no_mtp": "not run"}
-    summary = [s for s in gr.trigger_summary(dest) if s["model"] == "tiny-gui"][0]
-    records = gr.records("tiny-gui", dest)
+    summary = [s for s in e2e.trigger_summary(dest) if s["model"] == "tiny-gui"][0]
+    records = e2e.records("tiny-gui", dest)
     assert summary["requests"] == len(records) == cap["requests"]

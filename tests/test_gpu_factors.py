@@ -1,6 +1,6 @@
-"""Round 3 of the GPU results (``data/results/gpu/e2e_round3/``) re-derived from its committed files:
-what docs/history/gpu-campaigns.md (round 3) and the README claim about it must follow from the
-records and measurements. No GPU or vLLM is needed."""
+"""The factor check of the GPU results (``data/results/gpu/e2e_factors/``) re-derived from its
+committed files: what docs/history/gpu-campaigns.md (round 3) and the README claim about it must
+follow from the records and measurements. No GPU or vLLM is needed."""
 from __future__ import annotations
 
 import json
@@ -9,18 +9,18 @@ from statescope.results import factors
 from statescope.results import overhead
 from statescope.verdict.stats import CORRUPTION_DETECTED
 
-R3 = factors.R3_DIR
+FACTORS = factors.FACTORS_DIR
 
 
 def test_manifest_names_the_build_gpu_and_every_call():
-    m = json.loads((R3 / "manifest.json").read_text())
+    m = json.loads((FACTORS / "manifest.json").read_text())
     assert m["vllm"] == "0.26.0" and m["gpu"] == "NVIDIA H200" and m["driver"]
     assert len(m["commands"]) >= 10 and set(m["device_seconds"]["calls_wall_s"]) >= {"7", "11", "12"}
 
 
 def test_verdicts_recomputed_equal_committed_and_guards_engaged():
     rows = factors.verdicts()
-    assert rows == json.loads((R3 / "verdicts.json").read_text())
+    assert rows == json.loads((FACTORS / "verdicts.json").read_text())
     assert {r["control"] for r in rows} == {"no_async", "no_prefix_cache", "no_mtp"}
     for r in rows:  # each one-factor control: the trigger alone fails, every guard engaged
         assert r["trigger_units"] == r["control_units"] == 96
@@ -41,16 +41,16 @@ def test_departures_are_the_trigger_only_and_include_foreign_values():
 
 
 def test_factor_table_says_async_is_needed_and_cuda_graphs_are_not():
-    rows = {(r["round"], r["arm"], r["execution"]): r for r in factors.factor_table()}
-    compiled_trigger = rows[("round 2", "trigger", "compiled")]
-    eager_trigger = rows[("round 3", "trigger", "eager")]
+    rows = {(r["folder"], r["arm"], r["execution"]): r for r in factors.factor_table()}
+    compiled_trigger = rows[("e2e", "trigger", "compiled")]
+    eager_trigger = rows[("e2e_factors/factors", "trigger", "eager")]
     assert compiled_trigger["differ_from_eager_no_async"] > 0
     assert eager_trigger["which"] == compiled_trigger["which"]  # same requests without CUDA graphs
-    assert rows[("round 3", "no_async", "compiled")]["differ_from_eager_no_async"] == 0
-    for (rnd, arm, _), r in rows.items():
+    assert rows[("e2e_factors/factors", "no_async", "compiled")]["differ_from_eager_no_async"] == 0
+    for (folder, arm, _), r in rows.items():
         assert r["requests"] == 288
         if arm != "trigger":
-            assert r["differ_from_eager_no_async"] == 0, (rnd, arm)
+            assert r["differ_from_eager_no_async"] == 0, (folder, arm)
 
 
 def test_triton_digest_measured_equal_and_cheaper_than_torch():
@@ -84,9 +84,9 @@ def test_gpu_results_cli_reports_the_recomputed_verdict(capsys, tmp_path):
     assert [r["outcome"] for r in rep["verdicts"] if r["model"] == "tiny-gui"] == \
         [r["outcome"] for r in factors.verdicts()]
     assert len(rep["departures"]) == len(factors.departures()) and rep["factors"]
-    # round 2: no evidence for three controls, "control broken" for the other three: a problem
+    # e2e/: no evidence for three controls, "control broken" for the other three: a problem
     # found, so exit 1 (issue 28: exit status = the verdict, guards included)
-    assert main(["gpu-results", str(factors.R3_DIR.parent / "e2e")]) == 1
+    assert main(["gpu-results", str(factors.FACTORS_DIR.parent / "e2e")]) == 1
     assert "no evidence" in capsys.readouterr().out
     assert main(["gpu-results", str(tmp_path)]) == 2
     assert "arms_*.jsonl" in capsys.readouterr().err

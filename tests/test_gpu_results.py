@@ -111,8 +111,9 @@ def test_overhead_ratio_recomputed_from_raw_timings():
 
 
 def test_capture_on_off_recomputed_and_capture_did_not_change_outputs():
-    """Round 2 ran tiny-gui's compiled trigger twice: digest capture on, then off. The comparison is
-    recomputed from both runs' records; capture must not have changed a single output token."""
+    """e2e/ and e2e_capture_off/ ran tiny-gui's compiled trigger twice: digest capture on, then off.
+    The comparison is recomputed from both runs' records; capture must not have changed a single
+    output token."""
     committed = _committed("summary.json")["capture_on_off"]
     got = json.loads(json.dumps(gpu_results.capture_on_off()))  # tuples -> lists, as committed
     assert got == committed
@@ -122,15 +123,15 @@ def test_capture_on_off_recomputed_and_capture_did_not_change_outputs():
 
 def test_large_model_overhead_rows_explain_the_ratio():
     rows = [r for r in gpu_results.overhead_table() if r["model"].startswith("random hybrid")]
-    assert len(rows) >= 2, "round 2 measured two random-hybrid sizes"
+    assert len(rows) >= 2, "e2e/ measured two random-hybrid sizes"
     for r in rows:
         # the capture's own host time per step, and the captured rounds' wall time per step
         assert 0 < r["capture_host_ms_per_step"] < r["captured_round_ms_per_step"]
         assert r["ratio_median"] < 0.97  # what docs/gpu.md reports: the 3% goal is not met
 
 
-def test_round1_results_stay_readable_beside_round2():
-    d = E2E.parent / "e2e_round1"
+def test_trigger_alone_results_stay_readable_beside_e2e():
+    d = E2E.parent / "e2e_trigger_alone"
     rows = gpu_results.verdict_table(d)
     assert rows == json.loads((d / "verdicts.json").read_text())
     assert {r["outcome"] for r in rows} == {"not run"}

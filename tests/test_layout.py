@@ -104,6 +104,133 @@ def test_names_say_what_not_when():
     assert not bad, f"modules named after a round, date or version: {bad}"
 
 
+# --- no round names (issue 34): a name says which question it answers, never which GPU campaign
+# ("round 3") it came from. A campaign round is "round" glued to a number (round3, round_3,
+# e2e_round4, round-6) or an R-number constant/alias (R3_DIR, R4, ``as r3``); the other "round" of
+# this project, a timed round of an overhead measurement (``timed_round``, ``rounds=``,
+# ``overhead_rounds``, ``gui_12_rounds.json``), and ``round(x)`` carry no number and pass.
+REPO = PKG.parents[1]
+ROUND_NAME = re.compile(r"(?i)(?<![a-z])round[-_]?\d")
+R_NUMBER = re.compile(r"(?:^|_)[Rr]\d+(?:_|$)")  # R3_DIR, R4, OVERHEAD_R5, r3 (as an alias)
+PY_DIRS = ("lib", "tests", "notebooks", "scripts", "benchmarks")
+
+
+def _py_files() -> list[Path]:
+    return sorted(p for d in PY_DIRS for p in (REPO / d).rglob("*.py")
+                  if "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts)
+
+
+def _round_named(name: str) -> bool:
+    return bool(ROUND_NAME.search(name))
+
+
+def _round_file_name(stem: str) -> bool:
+    """A module or test file: also "..._rounds" / "round_..." without a number (the file would be
+    named for the campaigns, e.g. test_gpu_overhead_rounds.py)."""
+    return _round_named(stem) or bool(re.search(r"(?:^|_)rounds?(?:_|$)", stem))
+
+
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_python_file_parses(path: Path):
+    """Every other check here reads sources with ``ast``: a file that does not parse (a notebook's
+    markdown left uncommented, say) must fail, never be skipped."""
+    try:
+        _parsed(path)
+    except SyntaxError as e:
+        pytest.fail(f"{path.relative_to(REPO)}:{e.lineno}: does not parse ({e.msg})")
+
+
+def _round_names_in(path: Path, tree: ast.Module) -> list[str]:
+    """Every round name ``tree`` defines or binds: functions, classes, parameters, variables,
+    import aliases, module-level constants, dict keys and subscripted string keys."""
+    where = str(path.relative_to(REPO))
+    bad = []
+
+    def flag(kind: str, name: str, node: ast.AST, strict: bool = False) -> None:
+        if _round_named(name) or (strict and R_NUMBER.search(name)):
+            bad.append(f"{where}:{getattr(node, 'lineno', '?')}: {kind} {name!r}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            flag("definition", node.name, node)
+        elif isinstance(node, ast.arg):
+            flag("parameter", node.arg, node)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            flag("name", node.id, node)
+        elif isinstance(node, ast.alias):
+            flag("module", node.name.split(".")[-1], node)
+            if node.asname:
+                flag("import alias", node.asname, node, strict=True)
+        elif isinstance(node, ast.Dict):
+            for k in node.keys:
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    flag("dict key", k.value, k)
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            flag("key", node.slice.value, node)
+        elif isinstance(node, ast.keyword) and node.arg:
+            flag("keyword", node.arg, node)
+    for node in tree.body:  # module-level constants: R3_DIR, R4 = ...
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            for n in ast.walk(t):
+                if isinstance(n, ast.Name) and n.id.isupper():
+                    flag("constant", n.id, n, strict=True)
+    return bad
+
+
+def test_no_round_names_in_code():
+    bad = []
+    for path in _py_files():
+        if _round_file_name(path.stem):
+            bad.append(f"{path.relative_to(REPO)}: file named after a round")
+        try:
+            tree = _parsed(path)
+        except SyntaxError:
+            continue  # test_every_python_file_parses fails on it
+        bad += _round_names_in(path, tree)
+    assert not bad, "names that say which round, not which question:\n" + "\n".join(bad)
+
+
+def test_no_round_names_in_data_folders():
+    results = REPO / "data" / "results"
+    bad = [str(p.relative_to(REPO)) for p in sorted(results.rglob("*"))
+           if _round_named(p.name) or R_NUMBER.search(p.stem)]
+    assert not bad, f"results named after a round, not the question they answer: {bad}"
+
+
+def test_no_round_names_in_script_subcommands():
+    """The device scripts' code lines (subcommands, ``case`` labels, ``--tag`` stems): no round name.
+    Comments may tell the history; a name may not."""
+    bad = []
+    for path in sorted((REPO / "scripts").glob("*.sh")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = "" if line.lstrip().startswith("#") else re.sub(r"\s#.*$", "", line)
+            if _round_named(code):
+                bad.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not bad, "script names after a round:\n" + "\n".join(bad)
+
+
+def test_no_round_aliases_or_keys_in_notebooks():
+    """The .ipynb halves of the jupytext pairs (their code cells, as text)."""
+    import json
+
+    bad = []
+    for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            src = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+            for m in re.finditer(r"\bas\s+(\w+)|\b(\w+)\s*=|[\"'](\w+)[\"']", src):
+                name = next(g for g in m.groups() if g)
+                if _round_named(name) or (m.group(1) and R_NUMBER.search(name)):
+                    bad.append(f"{nb.name}: {m.group(0)!r}")
+    assert not bad, "round names in notebook code:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PKG)))
 def test_module_opens_with_a_docstring_and_stays_small(path: Path):
     src = path.read_text()

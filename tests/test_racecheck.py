@@ -2,7 +2,7 @@
 
 No GPU here: the copy "kernels" are CPU stand-ins that move bytes between raw addresses in a fixed,
 hostile order, so an overlapping copy through them is corrupted the way an unordered GPU copy can be.
-The committed H200 results (data/results/gpu/racecheck.json) are checked for shape and content.
+The committed H200 results (data/results/gpu/racecheck/*.json) are checked for shape and content.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from statescope.errors import EnvironmentBroken, InputError
 from statescope.verdict.stats import clopper_pearson
 
 torch.set_num_threads(1)
-RESULTS = Path(__file__).resolve().parents[1] / "data" / "results" / "gpu"
+RESULTS = Path(__file__).resolve().parents[1] / "data" / "results" / "gpu" / "racecheck"
 
 
 def _bytes_at(addr: int, n: int) -> np.ndarray:
@@ -228,10 +228,11 @@ def test_probe_counts_corruption_and_patch_removes_it() -> None:
 
 # --- the committed H200 results ---------------------------------------------------------------
 
-RESULT_FILES = ["racecheck", "racecheck_round2", "racecheck_round3"]
+# both kernels at 10^5 copies; batch_memcpy at 10^6 (+ fused 0.26.0/0.28.0); fused shifts alone at 10^6
+RESULT_FILES = ["both_kernels_100k", "batch_memcpy_1m", "fused_shifts_1m"]
 
 
-def _committed(stem: str = "racecheck") -> dict:
+def _committed(stem: str) -> dict:
     path = RESULTS / f"{stem}.json"
     assert path.is_file(), f"{path} missing: the GPU run's results must be committed"
     return json.loads(path.read_text())
@@ -254,7 +255,7 @@ def test_committed_gpu_results_parse(stem: str) -> None:
     assert csv["corrupted"].tolist() == [r["corrupted"] for r in doc["rows"]]
 
 
-@pytest.mark.parametrize("stem", ["racecheck", "racecheck_round2"])
+@pytest.mark.parametrize("stem", ["both_kernels_100k", "batch_memcpy_1m"])
 def test_committed_results_show_race_unpatched_and_none_patched(stem: str) -> None:
     rows = [r for r in _committed(stem)["rows"] if r["kernel"] == "batch_memcpy"]
     unpatched = {r["shift_class"]: r for r in rows if not r["patched"]}
@@ -275,5 +276,5 @@ def test_committed_results_back_the_model_verdict() -> None:
     assert {"batch_memcpy", "postprocess_mamba_fused_kernel", "postprocess_mamba_fused_kernel@0.28.0"} <= kernels
     assert sum(r["n"] for r in rows) > 10_000_000
     assert [r for r in rows if r["corrupted"]] == []
-    round3 = _committed("racecheck_round3")
-    assert round3["fused_source"]["vllm"] == "0.28.0" and len(round3["fused_source"]["sha256"]) == 64
+    fused = _committed("fused_shifts_1m")
+    assert fused["fused_source"]["vllm"] == "0.28.0" and len(fused["fused_source"]["sha256"]) == 64

@@ -7,7 +7,7 @@ language; an arm whose vLLM counters read 0 gets its prefix-cache pair from the 
 """
 from __future__ import annotations
 
-from statescope.results import e2e as gr
+from statescope.results import e2e
 from statescope.verdict.rejudge import CONTROLS, arm_run_from_records, engagement_metrics, verdict_rows
 from statescope.workload.guilang import action_validator_for, is_valid_action
 
@@ -22,8 +22,8 @@ def test_action_syntax_is_graded_only_when_the_control_speaks_the_language():
 
 
 def test_rejudged_rows_grade_syntax_where_the_control_spoke_the_language():
-    metas = [m for m in gr.arms() if m.get("label") == "tiny-gui"]
-    records = gr.records("tiny-gui")
+    metas = [m for m in e2e.arms() if m.get("label") == "tiny-gui"]
+    records = e2e.records("tiny-gui")
     rows = verdict_rows(metas, records, label="tiny-gui")
     assert [r["control"] for r in rows] == list(CONTROLS)
     for r in rows:

@@ -30,8 +30,8 @@ blocks with ``index_select`` a chunk at a time and reduces each chunk with devic
 enqueue behind the step's own kernels: one batched matmul ``U @ X`` (sum and projections), one
 integer sum (checksum), the hash's integer ops, one norm (sumsq). All paths use the same weights; checksums agree bit
 for bit, floats up to rounding (so one run uses one path).
-The Triton path is the default on CUDA since it was measured on the H200 (vLLM 0.26.0, round 3 in
-``data/results/gpu/e2e_round3/``): checksums bit-identical to the torch path, no synchronization,
+The Triton path is the default on CUDA since it was measured on the H200 (vLLM 0.26.0, beside the factor
+check in ``data/results/gpu/e2e_factors/``): checksums bit-identical to the torch path, no synchronization,
 0.48 ms of device and 0.76 ms of host time per step for 18 layers x 32 requests (torch: 10.6 and
 5.4 ms). ``STATESCOPE_DIGEST_TRITON=0`` turns it off (the torch path then runs).
 

@@ -16,11 +16,11 @@ once and compared bit for bit with the eager result — one host synchronization
 the engine's life (the ``StepDigest`` lives on the model runner, across capture runs). Any failure
 or mismatch turns graphs off for good (``status`` says why) and the eager path is used.
 
-The default on CUDA (``STATESCOPE_DIGEST_GRAPH=0`` turns it off), measured on the H200: round 4
-(``data/results/gpu/overhead_round4/``) built the graphs once per capture run, and in runs of ~165
+The default on CUDA (``STATESCOPE_DIGEST_GRAPH=0`` turns it off), measured on the H200: the five-mode
+probe (``data/results/gpu/overhead_modes/``) built the graphs once per capture run, and in runs of ~165
 steps their synchronizing self-checks cost more host time than the replays saved (2.5 / 6.9 ms per
-step in the step's hooks vs 1.6 eager), so graphs were opt-in; built once per engine (round 5,
-``data/results/gpu/overhead_round5/``) the capture's host time per step fell from 1.54-1.64 ms
+step in the step's hooks vs 1.6 eager), so graphs were opt-in; built once per engine (the graph-digest
+probe, ``data/results/gpu/overhead_graph_digest/``) the capture's host time per step fell from 1.54-1.64 ms
 (eager) to 1.00-1.20 ms at 6.7 B, the replayed digests equal to the eager ones on all 245,952 rows
 of one comparison (245,944 of another, not investigated), and the throughput ratio rose from
 0.91-0.94 to 0.94-0.97 (paired medians).

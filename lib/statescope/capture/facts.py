@@ -12,7 +12,7 @@ census decode read — in the flusher or at idle, not in the step.
 
 Why: on a GPU the step's host time is the throughput (host-bound decode). Per-request Python in
 the step — a dict of facts and a list copy per group per request — was most of the capture's
-~1 ms per step at 32 requests (H200, round 5), and every container made in the step is walked by
+~1 ms per step at 32 requests (H200, data/results/gpu/overhead_graph_digest/), and every container made in the step is walked by
 Python's cyclic collector for as long as the step waits to be emitted. numpy arrays are neither.
 
 What it deliberately does not do: touch the device, or decide which requests are selected.

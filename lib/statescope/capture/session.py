@@ -33,9 +33,10 @@ MEASURED_OVERHEAD = {
             "digest+drafts": {"capture_cpu_share": 0.341, "tok_per_s_ratio_best": 0.724},
             "full": {"capture_cpu_share": 0.187, "tok_per_s_ratio_best": 0.821}},
     "cuda": {"how": "vLLM 0.26.0 on one H200, CUDA graphs, async scheduling on, 6.7 B random "
-                    "hybrid, 32 requests; digest: round 6 (data/results/gpu/overhead_round6/, "
-                    "CUDA-graph digest, the step's compact record, rows made at idle), paired "
-                    "medians over calls 6 and 7 (same code, 44 rounds x 160 tokens: decode; 48 "
+                    "hybrid, 32 requests; digest: the compact-record probe "
+                    "(data/results/gpu/overhead_compact_record/, CUDA-graph digest, the step's "
+                    "compact record, rows made at idle), paired medians over calls 6 and 7 (same "
+                    "code, 44 rounds x 160 tokens: decode; 48 "
                     "rounds of the GUI-shaped workload: 4 x 8 prompts of 2,432 tokens sharing "
                     "2,048, 64 tokens each); full: measured before the host-path rework (best round)",
              "digest": {"tok_per_s_ratio_paired_median": 0.970, "gui_tok_per_s_ratio_paired_median": 0.977,

@@ -3,7 +3,7 @@
 Why: on a GPU the step is host-bound at small models, so every millisecond of Python the capture
 spends while vLLM steps is a millisecond of throughput, whichever thread spends it (one GIL). Turning
 a step into table rows (census decode and classification, per-request rows, parquet) is the
-largest such cost (1.6-3.2 ms per step on the H200, round 3). With ``emit: "idle"`` (the default
+largest such cost (1.6-3.2 ms per step on the H200, data/results/gpu/e2e_factors/). With ``emit: "idle"`` (the default
 on an accelerator) the flusher only appends each finished step, as host values, to
 ``spool.bin`` in the run directory — one encoding (``statescope.capture.spool_format``: data only,
 never pickle, as a run directory from someone else must be safe to recover) and one ``write`` —

@@ -2,12 +2,13 @@
 
 ``statescope gpu-results [DIR] [--json]``: the committed GPU verdicts, re-derived, in a terminal.
 
-What it does: for a results folder written by ``gpu_results.collect`` (default: round 3,
-``data/results/gpu/e2e_round3/``) it recomputes the trigger-vs-control verdicts from the records
-and lists the trigger's departed requests against the async-off control; for round 3 it adds the
-factor check; for round 4 (``e2e_round4``: the trigger with and without the ``accept_sync`` patch)
-the patched-vs-unpatched verdicts against round 3's controls; for round 5's capture-overhead
-probes (``overhead_round5``, ``overhead_round6``) the throughput ratios and the goal check
+What it does: for a results folder written by ``statescope.results.files.collect`` (default: the
+factor check, ``data/results/gpu/e2e_factors/``) it recomputes the trigger-vs-control verdicts from
+the records and lists the trigger's departed requests against the async-off control; where the
+folder holds a ``factors/`` set it adds the factor check; for the patch check (``e2e_patch_check``:
+the trigger with and without the ``accept_sync`` patch) the patched-vs-unpatched verdicts against
+the factor check's controls; for the capture-overhead probes (``overhead_graph_digest``,
+``overhead_compact_record``) the throughput ratios and the goal check
 (``statescope.results.overhead``); for a folder of ``statescope reproduce`` runs (``data/results/gpu/cli``)
 each seed set's verdict and the pooled one per trigger-vs-control pair. Exit status
 (``statescope.cli.exit_codes``): 1 when a verdict is not "no evidence" (corruption detected or a
@@ -37,7 +38,7 @@ from statescope.gpu.racecheck import (_positive, preset_shift_classes, racecheck
 
 def gpu_results_report(d: Path) -> dict:
     """{"manifest", "verdicts", "departures", "factors", "patch"} for results folder ``d``."""
-    from statescope.results import e2e as gr
+    from statescope.results import e2e
     from statescope.results import files
     from statescope.results import factors
     from statescope.results import patch_check
@@ -48,15 +49,15 @@ def gpu_results_report(d: Path) -> dict:
     man = files.manifest(d) if (d / "manifest.json").is_file() else {}
     arms = {m["arm"] for m in files.arms(d) if m.get("label") == "tiny-gui"}
     patch = {}
-    if (d / f"records_{patch_check.ARMS['accept_sync']}.jsonl").is_file():  # round 4's layout
+    if (d / f"records_{patch_check.ARMS['accept_sync']}.jsonl").is_file():  # the patch check's layout
         patch = {"verdicts": [{k: v for k, v in r.items() if k != "guard_details"}
                               for r in patch_check.patch_verdicts(d)],
                  "table": patch_check.patch_table(d),
                  "patched_vs_unpatched": patch_check.patched_vs_unpatched(d)}
     return {"dir": str(d), "patch": patch,
-            "manifest": {k: man.get(k) for k in ("vllm", "torch", "gpu", "driver", "date_utc", "round")},
+            "manifest": {k: man.get(k) for k in ("vllm", "torch", "gpu", "driver", "date_utc")},
             "verdicts": patch.get("verdicts") or [{k: v for k, v in r.items() if k != "guard_details"}
-                                                  for r in gr.verdict_table(d)],
+                                                  for r in e2e.verdict_table(d)],
             "departures": factors.departures(d) if {"trigger", "no_async"} <= arms else [],
             "factors": factors.factor_table(d) if (d / "factors").is_dir() else []}
 
@@ -65,10 +66,10 @@ def gpu_results_command(args: Any) -> int:
     from statescope.results import factors
     from statescope.verdict.stats import NO_EVIDENCE
 
-    d = Path(args.dir) if args.dir else factors.R3_DIR
-    from statescope.results import overhead as gpu_overhead_rounds
+    from statescope.results import overhead
 
-    if gpu_overhead_rounds.is_overhead_round(d):  # capture-overhead probes: no verdicts
+    d = Path(args.dir) if args.dir else factors.FACTORS_DIR
+    if overhead.is_overhead_probe_dir(d):  # capture-overhead probes: no verdicts
         return overhead_command(d, args.json)
     if any(d.glob("repro_*/stdout.json")):  # the CLI's own reproduce runs, one per seed set
         return cli_runs_command(d, args.json)
@@ -90,7 +91,7 @@ def gpu_results_command(args: Any) -> int:
                 print(f"\n{title}:")
                 print(pd.DataFrame(rep[key]).drop(columns=["which"], errors="ignore").to_string(index=False))
         if rep["patch"]:
-            print("\neach trigger vs each of round 3's controls (requests whose output differs):")
+            print("\neach trigger vs each of the factor check's controls (requests whose output differs):")
             print(pd.DataFrame(rep["patch"]["table"]).to_string(index=False))
             pv = rep["patch"]["patched_vs_unpatched"]
             print(f"\nunpatched {pv['unpatched_failed_episodes']}/{pv['unpatched_episodes']} episodes vs "
@@ -124,12 +125,13 @@ def cli_runs_command(d: Path, as_json: bool) -> int:
 
 
 def overhead_command(d: Path, as_json: bool) -> int:
-    """Rounds 5-6's probes: throughput ratios with intervals and the goal check (exit 0); round 6
-    also pools its two calls of the same code (a secondary reading)."""
-    from statescope.results import overhead as gor
+    """The capture-overhead probes: throughput ratios with intervals and the goal check (exit 0);
+    the compact-record probe also pools its two calls of the same code (a secondary reading)."""
+    from statescope.results import overhead
 
-    rep = {"dir": str(d), "rows": gor.overhead_rows(d), "goal": gor.goal_check(d),
-           "pooled": gor.pooled_check(d) if gor.probe_files(d) == gor.R6_PROBES else []}
+    rep = {"dir": str(d), "rows": overhead.overhead_rows(d), "goal": overhead.goal_check(d),
+           "pooled": (overhead.pooled_check(d) if overhead.probe_files(d) == overhead.COMPACT_RECORD_PROBES
+                      else [])}
     if as_json:
         print(json.dumps(rep, indent=2))
     else:
@@ -151,9 +153,10 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
                                                  "not 'no evidence'"),
                               help="the committed GPU verdicts, recomputed from their records "
                                                   "(exit 1 if corruption was detected)")
-    p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_round3; "
-                                          "data/results/gpu/e2e_round4 for the accept_sync patch, "
-                                          "data/results/gpu/overhead_round5 or overhead_round6 for the capture's cost)")
+    p.add_argument("dir", nargs="?", help="results folder (default: data/results/gpu/e2e_factors; "
+                                          "data/results/gpu/e2e_patch_check for the accept_sync patch, "
+                                          "data/results/gpu/overhead_graph_digest or "
+                                          "overhead_compact_record for the capture's cost)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=gpu_results_command)
 

@@ -22,7 +22,7 @@ previous step's order, whichever way the copy raced. New requests' rows are set 
 itself. When no previous request is left in the batch (``prev_req_id_to_index`` empty: vLLM then
 reads the array directly, new order, new rows at 1), the array is left as the original made it.
 ``uninstall_accept_sync()`` restores the original; both are idempotent. Measured on the H200 with
-vLLM 0.26.0 (``data/results/gpu/e2e_round4/``, ``statescope.results.patch_check``): the eager trigger departs
+vLLM 0.26.0 (``data/results/gpu/e2e_patch_check/``, ``statescope.results.patch_check``): the eager trigger departs
 on 17 of 576 requests (11/96 episodes) unpatched and on 0 with this patch, the cache and drafts
 engaged alike.
 

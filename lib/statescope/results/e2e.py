@@ -1,6 +1,6 @@
 """Read the committed end-to-end GPU results (``data/results/gpu/e2e/``) and re-derive their tables.
 
-What it does: the tables of the end-to-end round (verdicts, guards, the trigger's answers, overhead,
+What it does: the tables of an end-to-end results folder (verdicts, guards, the trigger's answers, overhead,
 prefix sweep, kernel agreement, the build decision, the localization, the departures), re-derived
 from the files ``statescope.results.files`` reads, without a GPU or vLLM, for the notebook and the
 tests, which recompute the verdicts from the records and compare them with the committed file.
@@ -27,10 +27,11 @@ def earlier_overhead(d: Path = E2E_DIR) -> dict:
 
 
 def race_table(d: Path = E2E_DIR) -> Any:
-    """batch_memcpy corruption rate per shift, unpatched vs overlap-safe (race probe round 2)."""
+    """batch_memcpy corruption rate per shift, unpatched vs overlap-safe (the race probe's 10^6
+    copies per class: ``racecheck/batch_memcpy_1m.csv``)."""
     import pandas as pd
 
-    race = pd.read_csv(Path(d).parent / "racecheck_round2.csv")
+    race = pd.read_csv(Path(d).parent / "racecheck" / "batch_memcpy_1m.csv")
     return race[race.kernel == "batch_memcpy"].pivot_table(index="shift_bytes", columns="patched",
                                                            values="rate")
 
@@ -111,7 +112,7 @@ def overhead_table(d: Path = E2E_DIR) -> list[dict]:
 
     sources = [(m["label"], (m.get("after") or {}).get("overhead")) for m in arms(d) if m["arm"] == "trigger"]
     names = sorted({p["part"] for p in parts(d) if p["part"].startswith("large_overhead")})
-    for name in names:  # large_overhead (round 1's name), large_overhead_<size>
+    for name in names:  # large_overhead (the first runs' name), large_overhead_<size>
         large = part(name, d)
         if large:
             sources.append(("random hybrid, %.1f B params" % (large["params"] / 1e9), large))

@@ -1,65 +1,71 @@
-"""What does capture cost on the GPU? The committed capture-overhead measurements, every round's.
+"""What does capture cost on the GPU? The committed capture-overhead measurements, every set's.
 
-Rounds 5 and 6 (``data/results/gpu/overhead_round{5,6}/``):
+The graph-digest and compact-record probes (``data/results/gpu/overhead_graph_digest/``,
+``data/results/gpu/overhead_compact_record/``):
 
-Each round folder holds one ``probe_7b_call<N>.json`` per device call of
+Each folder holds one ``probe_7b_call<N>.json`` per device call of
 ``scripts/gpu_overhead_probe.py`` on the 6.7 B random hybrid with real vLLM 0.26.0 on the H200
 (compiled, CUDA graphs, async scheduling, prefix caching + align + MTP(2)), on two workloads:
 ``decode`` (32 one-block prompts of ~2,100 tokens, 160 tokens each: short steps, the worst case for
 a per-step cost) and ``gui`` (the workbook's shape: 4 agents x 8 steps, 2,432-token prompts sharing
-2,048 tokens, 64 tokens each). Round 5 measured the CUDA-graph digest built once per engine; round 6
-the step's compact record (``statescope.capture.facts``). ``overhead_rows`` gives one row per (file,
-workload, mode), recomputed from the raw timed rounds by ``statescope.capture.overhead.overhead_ratios``
-(the code that wrote the probes' summaries), not read: the paired-median throughput ratio to capture
-off, its distribution-free interval (``statescope.verdict.stats.median_interval`` over the paired
-rounds), the ratio of medians, the capture's host milliseconds per step in the step and in the
-flusher, and (round 6) whether every digest round's capture really ran. ``goal_check`` says, per call and workload,
+2,048 tokens, 64 tokens each). ``overhead_graph_digest/`` measured the CUDA-graph digest built once
+per engine; ``overhead_compact_record/`` the step's compact record (``statescope.capture.facts``).
+``overhead_rows`` gives one row per (file, workload, mode), recomputed from the raw timed rounds by
+``statescope.capture.overhead.overhead_ratios`` (the code that wrote the probes' summaries), not read:
+the paired-median throughput ratio to capture off, its distribution-free interval
+(``statescope.verdict.stats.median_interval`` over the paired rounds), the ratio of medians, the
+capture's host milliseconds per step in the step and in the flusher, and (compact record) whether
+every digest round's capture really ran. ``goal_check`` says, per call and workload,
 whether the issue's goal (digest mode at most 3 % slower than capture off) is shown: only if the
 whole interval is at or above 0.97. ``pooled_check`` pools the paired rounds of several calls of
 the same code — a secondary reading, labelled as one (different engine starts add their spread).
 
-Earlier rounds' measurements, in their own file formats: ``digest_bench``, ``triton_overheads`` and
-``probe_table`` (round 3, ``e2e_round3/``: the one-launch Triton digest vs torch, and the probe's
-host milliseconds per step); ``deferred_rows_table`` (round 4, ``overhead_round4/``: rows made when
-the engine idles, eager vs CUDA-graph digest).
+Earlier measurements, in their own file formats: ``digest_bench``, ``triton_overheads`` and
+``probe_table`` (``e2e_factors/``: the one-launch Triton digest vs torch, and the probe's host
+milliseconds per step); ``deferred_rows_table`` (``overhead_modes/``: five capture modes, rows made
+when the engine idles, eager vs CUDA-graph digest).
 
 What it deliberately does not do: re-run anything, or pool calls that ran different code.
 """
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
 from statescope.capture.overhead import overhead_ratios, paired_ratios
 from statescope.errors import InputError
-from statescope.results import e2e as gr
+from statescope.results import e2e
 from statescope.results import files
 from statescope.intervals import median_interval
-from statescope.results.factors import R3_DIR
+from statescope.results.factors import FACTORS_DIR
 
-R5_DIR = gr.E2E_DIR.parent / "overhead_round5"
-R6_DIR = gr.E2E_DIR.parent / "overhead_round6"
-R5_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call9.json", "probe_7b_call10.json")
-R6_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call7.json")
-R6_SAME_CODE = ("probe_7b_call6.json", "probe_7b_call7.json")  # 6fe7952 both (call 3: an earlier tree)
+OVERHEAD_GRAPH_DIGEST_DIR = e2e.E2E_DIR.parent / "overhead_graph_digest"
+OVERHEAD_COMPACT_RECORD_DIR = e2e.E2E_DIR.parent / "overhead_compact_record"
+GRAPH_DIGEST_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call9.json", "probe_7b_call10.json")
+COMPACT_RECORD_PROBES = ("probe_7b_call3.json", "probe_7b_call6.json", "probe_7b_call7.json")
+COMPACT_RECORD_SAME_CODE = ("probe_7b_call6.json", "probe_7b_call7.json")  # 6fe7952 both (call 3: an earlier tree)
 GOAL = 0.97  # digest mode: at most 3 % throughput loss (issue 7)
 
 
 def probe_files(d: Path) -> tuple[str, ...]:
-    """The probe files a round folder must hold: round 6's list where its manifest says round 6,
-    else round 5's."""
+    """The probe files a capture-overhead folder must hold: the ``probe_7b_call<N>.json`` its
+    manifest's ``what`` describes, else (no manifest) the graph-digest set."""
     man = Path(d) / "manifest.json"
+    if not man.is_file():
+        return GRAPH_DIGEST_PROBES
     try:
-        rnd = json.loads(man.read_text()).get("round") if man.is_file() else 5
+        what = json.loads(man.read_text()).get("what") or {}
     except ValueError as exc:
         raise InputError(f"{man}: not JSON ({exc})") from None
-    return R6_PROBES if rnd == 6 else R5_PROBES
+    named = tuple(k for k in what if re.fullmatch(r"probe_7b_call\d+\.json", k))
+    return named or GRAPH_DIGEST_PROBES
 
 
-def is_overhead_round(d: Path) -> bool:
-    """Whether ``d`` is a capture-overhead round folder (it holds the first call's probe)."""
-    return (Path(d) / R5_PROBES[0]).is_file()
+def is_overhead_probe_dir(d: Path) -> bool:
+    """Whether ``d`` is a capture-overhead probe folder (it holds the first call's probe)."""
+    return (Path(d) / GRAPH_DIGEST_PROBES[0]).is_file()
 
 
 def _load(path: Path) -> dict:
@@ -72,22 +78,23 @@ def _load(path: Path) -> dict:
 
 
 def _workloads(res: dict) -> dict:
-    """Round-5 files of the first two calls predate workloads: their top level is ``decode``."""
+    """The graph-digest probe's first two calls predate workloads: their top level is ``decode``."""
     return res.get("workloads") or {"decode": res}
 
 
 def _capture_ran(part: dict, mode: str) -> str | None:
-    """Round 6 records, per round, whether the capture ran (the probe tolerates hook errors):
-    "all N" when every round's run is complete with no hook error and digest rows, else which not."""
+    """The compact-record probe records, per timed round, whether the capture ran (the probe
+    tolerates hook errors): "all N" when every round's run is complete with no hook error and
+    digest rows, else which not."""
     rs = [r for r in part["rows"] if r["mode"] == mode]
     if not rs or "status" not in rs[0]:
-        return None  # round 5 did not record it
+        return None  # the graph-digest probe did not record it
     bad = [r["round"] for r in rs if r.get("status") != "complete" or r.get("hook_errors")
            or not r.get("digest_rows")]
     return f"all {len(rs)}" if not bad else f"not in rounds {bad}"
 
 
-def overhead_rows(d: Path = R5_DIR) -> list[dict]:
+def overhead_rows(d: Path = OVERHEAD_GRAPH_DIGEST_DIR) -> list[dict]:
     rows = []
     for name in probe_files(d):
         res = _load(Path(d) / name)
@@ -115,7 +122,7 @@ def overhead_rows(d: Path = R5_DIR) -> list[dict]:
     return rows
 
 
-def goal_check(d: Path = R5_DIR) -> list[dict]:
+def goal_check(d: Path = OVERHEAD_GRAPH_DIGEST_DIR) -> list[dict]:
     """Per (file, workload) of the CUDA-graph digest: is ``GOAL`` shown (interval >= 0.97),
     ruled out (interval below it), or open (the interval straddles it)?"""
     out = []
@@ -133,7 +140,7 @@ def _verdict(lo: float, hi: float) -> str:
             "not shown (interval straddles 0.97)")
 
 
-def pooled_check(d: Path = R6_DIR, files: tuple[str, ...] = R6_SAME_CODE) -> list[dict]:
+def pooled_check(d: Path = OVERHEAD_COMPACT_RECORD_DIR, files: tuple[str, ...] = COMPACT_RECORD_SAME_CODE) -> list[dict]:
     """Per workload: the digest mode's paired rounds of ``files`` (calls of the same code) pooled,
     with the interval of their median and the goal verdict on it."""
     parts: dict[str, list[float]] = {}
@@ -151,7 +158,7 @@ def pooled_check(d: Path = R6_DIR, files: tuple[str, ...] = R6_SAME_CODE) -> lis
     return out
 
 
-def digest_bench(d: Path = R3_DIR) -> list[dict]:
+def digest_bench(d: Path = FACTORS_DIR) -> list[dict]:
     """Per step: the torch gather path vs the one-launch Triton digest (host and device ms)."""
     keep = ("layers", "requests", "layout", "bytes_per_step", "checksums_equal", "conv_row_checks_equal",
             "stats_max_rel_diff", "torch_host_ms", "torch_device_ms", "triton_host_ms", "triton_device_ms",
@@ -162,12 +169,12 @@ def digest_bench(d: Path = R3_DIR) -> list[dict]:
     return [{k: r[k] for k in keep} for r in files.read_jsonl(path)]
 
 
-def triton_overheads(d: Path = R3_DIR) -> list[dict]:
-    """Round 2's large-model overhead measurement repeated with the Triton digest (same script)."""
-    return gr.overhead_table(d)
+def triton_overheads(d: Path = FACTORS_DIR) -> list[dict]:
+    """``e2e/``'s large-model overhead measurement repeated with the Triton digest (same script)."""
+    return e2e.overhead_table(d)
 
 
-def probe_table(d: Path = R3_DIR) -> list[dict]:
+def probe_table(d: Path = FACTORS_DIR) -> list[dict]:
     """Per hybrid and mode: throughput ratios to capture off, and the capture's host milliseconds per
     engine step split into the step's own thread (hook sinks) and the flusher thread (``drain``)."""
     path = Path(d) / "overhead_probe.json"
@@ -193,19 +200,19 @@ def probe_table(d: Path = R3_DIR) -> list[dict]:
     return out
 
 
-R4_DIR = gr.E2E_DIR.parent / "overhead_round4"
+OVERHEAD_MODES_DIR = e2e.E2E_DIR.parent / "overhead_modes"
 
-R4_PROBES = {"probe_1p3b.json": "1p3b", "probe_7b.json": "7b", "probe_7b_eager8.json": "7b"}
+MODES_PROBES = {"probe_1p3b.json": "1p3b", "probe_7b.json": "7b", "probe_7b_eager8.json": "7b"}
 
 
-def deferred_rows_table(d: Path = R4_DIR) -> list[dict]:
+def deferred_rows_table(d: Path = OVERHEAD_MODES_DIR) -> list[dict]:
     """One row per (probe file, mode): ratios to "off" (median of rounds, paired median), host ms
     per step in the step (hooks) and in the flusher ("drain"), emission ms per step (made at
     idle/close), and the graph-vs-eager digest agreement of that probe."""
     import json
 
     rows = []
-    for name, size in R4_PROBES.items():
+    for name, size in MODES_PROBES.items():
         path = Path(d) / name
         if not path.is_file():
             raise InputError(f"{path}: missing (scripts/gpu_overhead_probe.py writes it; see docs/gpu.md)")
