@@ -375,6 +375,9 @@ def test_an_experiment_refuses_before_any_engine_naming_the_flag():
         experiment_of("reference", ["enable_prefix_caching=yes"], trigger_where="--set")
     with pytest.raises(InputError, match="control='nope'"):
         Experiment(control="nope")
+    from statescope.verdict.reproduce import STANDARD_CONTROLS
+    for name in STANDARD_CONTROLS:  # every control an Experiment accepts, standard_arms builds
+        assert Experiment(control=name).arms()[1].name == name
     with pytest.raises(InputError, match="no such model directory"):
         Experiment(model="no-such-model").check()
     with pytest.raises(InputError, match="expected one of"):

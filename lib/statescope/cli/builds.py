@@ -76,7 +76,7 @@ def cell_options(args: argparse.Namespace) -> dict[str, Any]:
     from statescope.cli.reproduce import experiment_of
     from statescope.workload.episodes import parse_seeds
 
-    experiment = experiment_of(args.control if hasattr(args, "control") else "no_prefix_cache",
+    experiment = experiment_of(getattr(args, "control", "no_prefix_cache"),
                                args.trigger_set, args.control_set, args.model,
                                both_pairs=args.both_set,
                                trigger_patches=tuple(args.trigger_patch)).check()

@@ -29,8 +29,9 @@ from typing import Any, Mapping
 
 from statescope.engine.config import EngineConfig, model_path
 from statescope.errors import InputError
+from statescope.verdict.reproduce import STANDARD_CONTROLS
 
-CONTROLS = ("no_prefix_cache", "no_mtp", "no_async", "reference", "same")
+CONTROLS = (*STANDARD_CONTROLS, "same")
 
 
 @dataclass(frozen=True)

@@ -507,9 +507,12 @@ def run_fingerprint(trace: list[TraceStep], arms: Sequence[Arm]) -> str:
                         "build": build})
 
 
+STANDARD_CONTROLS = ("no_prefix_cache", "no_mtp", "no_async", "reference")
+
+
 def standard_arms(control: str = "no_prefix_cache") -> tuple[Arm, Arm]:
     """The reported trigger (prefix caching + align + MTP(2), async as the platform resolves it)
-    and one named control."""
+    and one named control (``STANDARD_CONTROLS``)."""
     trigger = EngineConfig()
     controls = {
         "no_prefix_cache": trigger.replace(enable_prefix_caching=False, mamba_cache_mode=None),
