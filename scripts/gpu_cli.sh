@@ -28,6 +28,9 @@
 #                                                        #   the shrink's batch phase, nb 06, CUDA checks
 #   bash scripts/gpu_cli.sh pack_localise               # pack what `localise` wrote so far
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
+#   bash scripts/gpu_cli.sh shrink_cost_and_overhead     # the shrink's cost at its defaults (0.32.0, V1),
+#                                                        #   the 3-request script's controls, 0.33.0,
+#                                                        #   then capture overhead alone; pack_cost packs
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
 #                                                        #   CUDA tests and digest benchmark (issue 20)
@@ -600,6 +603,70 @@ pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call
   for f in "$SS/$v"/minimal/*/rc; do echo "$f: $(cat "$f")"; done
 }
 
+shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 3, 5 and 7):
+  # side by side, (a) `shrink` at its defaults (narrow first) of the 96-episode V1-forced failing
+  # run on 0.32.0 (seeds 48:60), capped at the goal's 12 minutes; (b) the committed 3-request
+  # script on 0.32.0 with V1 forced, async off and --patch accept_sync; (c) 0.33.0 (torch 2.14 kit,
+  # when installed): doctor, the V2 and V1 cells vs async off, a V1 capture pair. Then, alone on the
+  # GPU: capture-overhead on V2 and V1 (0.32.0), longer rounds than before. SS_PARTS picks parts
+  # (default: shrink scripts v033 overhead); pack with pack_cost.
+  local parts=${SS_PARTS:-"shrink scripts v033 overhead"} D="$SS/cost"
+  mkdir -p "$SS/logs" "$D"
+  bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
+  local script="$REPO/data/results/gpu/minimal_reproducer_0.26.0/at_two_seqs/repro/repro.py"
+  local m=(--model "$REPO/data/models/$MODEL")
+  if has shrink; then
+    ( SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-720} SS_JOBDIR="$D" ss shrink 0.32.0 shrink --model "$MODEL" \
+        --preset "$PRESET" --seeds 48:60 --control no_async --keep-failing 3 \
+        --both-set model_runner=v1 --out "$D/shrink" --json ) > "$SS/logs/shrink.log" 2>&1 &
+  fi
+  if has scripts; then
+    mkdir -p "$D/scripts"
+    local i
+    for i in 1 2; do repro_run 0.32.0 "$script" "$D/scripts/v1_$i.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- "${m[@]}" & done
+    repro_run 0.32.0 "$script" "$D/scripts/v1_async_off.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
+      "${m[@]}" --set async_scheduling=false &
+    repro_run 0.32.0 "$script" "$D/scripts/v1_accept_sync.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
+      "${m[@]}" --patch accept_sync &
+  fi
+  if has v033 && [ -f /tmp/vllm-0.33.0/env.sh ]; then
+    ( local R="$SS/0.33.0/runs"; mkdir -p "$R"
+      ss doctor 0.33.0 doctor --model "$MODEL" --json
+      for runner in v2 v1; do
+        ss "cell_$runner" 0.33.0 reproduce --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+          --control no_async --trigger-set model_runner=$runner --control-set model_runner=$runner \
+          --runs "$R" --run-id "$runner" --json &
+      done
+      # V1 capture on the newest release (issue 29 item 2): trigger vs async off, then the reports
+      cap_pair 0.33.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 48:60 --set model_runner=v1 &
+      wait ) > "$SS/logs/v033.log" 2>&1 &
+  elif has v033; then
+    echo "v033: /tmp/vllm-0.33.0/env.sh missing (the torch 2.14 kit was not installed)" > "$SS/logs/v033.log"
+  fi
+  wait
+  echo "phase 1 done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
+  if has overhead; then  # alone: nothing else on the GPU
+    for runner in v2 v1; do
+      SS_TIMEOUT=$(( ${SS_OVERHEAD_BUDGET_S:-200} + 200 )) SS_JOBDIR="$D" ss "overhead_$runner" 0.32.0 \
+        capture-overhead --model "$MODEL" --modes off,digest --rounds 60 --workloads gui \
+        --gui-max-tokens 256 --set model_runner=$runner --budget-s "${SS_OVERHEAD_BUDGET_S:-200}" \
+        --capture-dir "$D/overhead_$runner/cap" --json
+    done
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
+  echo done > "$SS/logs/DONE"
+}
+
+pack_cost() {  # what shrink_cost_and_overhead wrote so far -> $OUT (safe while it runs)
+  local D="$SS/cost"
+  [ -d "$D" ] || { echo "pack_cost: nothing under $D yet"; return 0; }
+  tar czf "$OUT/cost.tar.gz" --exclude='*/cap/*' -C "$SS" cost logs commands.txt 2>/dev/null
+  [ -d "$SS/0.33.0" ] && tar czf "$OUT/v033.tar.gz" -C "$SS" 0.33.0 2>/dev/null
+  ls -la "$OUT"; tail -n 3 "$SS"/logs/*.log 2>/dev/null | cut -c1-200
+  for f in $(find "$SS" -name rc 2>/dev/null); do echo "$f: $(cat "$f")"; done
+  grep -h '^rc=' "$D"/scripts/*.log 2>/dev/null | sort | uniq -c
+}
+
 case "${1:-}" in
   campaign) shift; campaign "$@" ;;
   env) shift; echo ". /tmp/vllm-$1/env.sh; export PYTHONPATH=$REPO/lib:\$PYTHONPATH" ;;
@@ -626,5 +693,7 @@ case "${1:-}" in
   reproducer_answers) reproducer_answers ;;
   pack_release_answers) pack_release_answers ;;
   gallery_checks) shift; gallery_checks "$@" ;;
+  shrink_cost_and_overhead) shrink_cost_and_overhead ;;
+  pack_cost) pack_cost ;;
   *) sed -n 2,26p "$0"; exit 2 ;;
 esac

@@ -222,9 +222,10 @@ def _v2_postprocess_reference(acc: int, col: int, new: int, bs: int):
 @pytest.mark.parametrize("acc,col,new", [(1, 1, 9), (3, 1, 8), (3, 2, 12), (2, 0, 5), (1, 0, 4),
                                          (3, 1, 10), (2, 2, 12)])
 def test_postprocess_align_staging_decodes_like_the_v2_kernel(acc, col, new):
-    """The recorder stages V2's (accepted, column, new computed) as V1's five inputs; the one
-    host decode must give the V2 kernel's decision."""
-    staged = np.array([[acc, col, new - acc + 1, 0, 0]])
+    """The recorder stages V2's (accepted, column, new computed); at emit they become V1's five
+    inputs, and the one host decode must give the V2 kernel's decision."""
+    staged = cd.v2_align_as_v1_inputs(np.array([[acc, col, new]]))
+    assert staged.tolist() == [[acc, col, new - acc + 1, 0, 0]]
     got = tuple(cd.postprocess_decisions_np(staged, BLOCK)[0].tolist())
     want = _v2_postprocess_reference(acc, col, new, BLOCK)
     if want[0] or got[0]:

@@ -166,6 +166,18 @@ def postprocess_decisions_np(raw: "np.ndarray", block_size: int) -> "np.ndarray"
     return np.stack([copy.astype(np.int64), cols, dst, bias, reset.astype(np.int64)], -1)
 
 
+def v2_align_as_v1_inputs(raw: "np.ndarray") -> "np.ndarray":
+    """Model Runner V2's align post-process inputs ``[num_reqs, 3]`` (accepted, running column, new
+    computed tokens) as V1's five (``postprocess_decisions_np``), so one decode serves both: the
+    running state covers ``new - accepted + 1`` tokens, given as "scheduled" with computed = drafts
+    = 0."""
+    import numpy as np
+
+    acc, cols, new = np.asarray(raw, dtype=np.int64).T
+    zero = np.zeros_like(acc)
+    return np.stack([acc, cols, new - acc + 1, zero, zero], -1)
+
+
 def decode_fused_postprocess(geoms: Sequence[StateGeometry], decisions: Sequence[Sequence[int]],
                              req_ids: Sequence[str],
                              block_ids: Mapping[str, Sequence[Sequence[int]]]) -> list[dict]:

@@ -23,9 +23,9 @@ from typing import Any, Callable
 class CaptureClock:
     """CPU seconds spent inside the capture (see the module docstring)."""
 
-    SINK = ("begin_step", "end_step", "note_sampled", "fused_launch", "launch_done",
-            "observed_copy", "scalar_meta", "scalar_launch", "prefix_begin", "prefix_group",
-            "prefix_end")
+    SINK = ("begin_step", "end_step", "note_sampled", "note_accepted", "fused_launch",
+            "launch_done", "observed_copy", "scalar_meta", "scalar_launch", "prefix_begin",
+            "prefix_group", "prefix_end")
 
     def __init__(self) -> None:
         self.seconds = 0.0

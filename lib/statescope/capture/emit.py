@@ -53,6 +53,10 @@ class RunEmitter:
             layout, columns = item.pop("digest_layout")
             (item["stats"], item["checksum"], item["conv_row_checks"],
              item["conv_row_sums"]) = unflatten(item.pop("digest_flat"), layout, columns)
+        for launch in item["launches"]:
+            if getattr(launch, "v2_align", False):  # a spooled record keeps the field too
+                launch.data = torch.from_numpy(cd.v2_align_as_v1_inputs(launch.data.numpy()))
+                launch.v2_align = False
         if item.pop("used_in_launch", False):  # the counts the post-process read: its column 0
             staged = [ln for ln in item["launches"] if ln.block_size is not None]
             item["used"] = staged[-1].data[:, 0].clone() if staged else None

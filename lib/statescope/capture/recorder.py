@@ -78,6 +78,22 @@ _FUSED_ARGS = {
 }
 
 
+def _staged(bound: dict, names: tuple, n: int, slots: Any) -> Any:
+    """Columns ``names`` of a fused launch's per-row (V1: ``[:n]``) or per-slot (V2: ``slots``)
+    inputs as one int64 ``[n, k]`` device copy: stacked whole, then one row pick and one cast —
+    three device ops where a pick and a cast per column made ``2k + 1`` (each a launch on the
+    step's host-bound path). Columns of different dtypes or lengths are picked one by one."""
+    import torch
+
+    cols = [bound[k] for k in names]
+    if len({(c.dtype, c.shape) for c in cols}) == 1:
+        whole = torch.stack(cols, 1)
+        picked = whole[:n] if slots is None else whole.index_select(0, slots)
+        return picked.to(torch.int64)
+    return torch.stack([(c[:n] if slots is None else c.index_select(0, slots)).to(torch.int64)
+                        for c in cols], 1)
+
+
 def v2_coverage(cache_mode: str | None) -> dict:
     """What a capture on Model Runner V2 records, piece by piece (the manifest's ``coverage``)."""
     align = cache_mode == "align"
@@ -255,29 +271,24 @@ class Recorder:
         import torch
 
         slots = bound.get("idx_mapping")  # V2: batch row -> request slot (V1: None, batch order)
-        if slots is not None:
-            slots = slots[:n].to(torch.int64).clamp(min=0)
-
-        def rows(t: Any) -> Any:
-            return t[:n] if slots is None else t.index_select(0, slots)
-
+        if slots is not None:  # the step's launches share one mapping: made once per step
+            key = (id(slots), n)
+            if run.step.slots_key != key:
+                run.step.slots_key, run.step.slots = key, slots[:n].to(torch.int64).clamp(min=0)
+            slots = run.step.slots
         if kind == "precopy":
-            data = torch.stack([rows(bound[k]).to(torch.int64) for k in
-                                ("state_idx_gpu", "src_col_gpu", "token_bias_gpu")], 1)
+            data = _staged(bound, ("state_idx_gpu", "src_col_gpu", "token_bias_gpu"), n, slots)
             run.open_launch(kind, data)  # a device tensor: moved to the host with the step's results
             return
-        # The kernel's five inputs in one copy, made before it runs (it rewrites the accepted counts
-        # in place): one or two device ops in the step; its decisions are derived on the host when
+        # The kernel's inputs in one copy, made before it runs (it rewrites the accepted counts
+        # in place): a few device ops in the step; its decisions are derived on the host when
         # the step is emitted (census_decode.postprocess_decisions_np), not with ~20 ops here.
         if kind == "postprocess_align":
-            # V2's kernel reads (accepted, running column, new computed) per slot; staged as V1's
-            # five inputs so the one decode serves both: running tokens = new - accepted + 1 as
-            # "scheduled" with computed = drafts = 0 (census_decode.postprocess_decisions_np)
-            acc, col, new = (rows(bound[k]).to(torch.int64) for k in _FUSED_ARGS[kind][1:4])
-            zero = torch.zeros_like(acc)
-            data = torch.stack([acc, col, new - acc + 1, zero, zero], 1)
+            # V2's kernel reads (accepted, running column, new computed) per slot: staged as they
+            # are, and turned into V1's five inputs on the host at emit (``_Launch.v2_align``)
             run.note_used(None)
-            run.open_launch("postprocess", data, block_size=int(ctx.block_size))
+            run.open_launch("postprocess", _staged(bound, _FUSED_ARGS[kind][1:4], n, slots),
+                            block_size=int(ctx.block_size), v2_align=True)
             return
         cols = [bound[k][:n] for k in _FUSED_ARGS[kind][1:]]
         same = len({c.dtype for c in cols}) == 1

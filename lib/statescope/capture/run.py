@@ -72,6 +72,7 @@ class _Launch:
     owners: dict = field(default_factory=dict)
     observed: list = field(default_factory=list)
     block_size: int | None = None  # set: ``data`` holds the post-process inputs, decided at emit
+    v2_align: bool = False  # ``data`` holds V2's (accepted, running column, new computed) per row
 
 
 @dataclass
@@ -83,6 +84,8 @@ class _Step:
     launches: list = field(default_factory=list)
     current: _Launch | None = None
     scalar_owners: dict = field(default_factory=dict)
+    slots_key: Any = None  # V2: (id, rows) of the idx_mapping ``slots`` was made from
+    slots: Any = None  # its first rows as int64 (the fused launches' row pick)
 
 
 class RunCapture(RunEmitter):
@@ -219,10 +222,11 @@ class RunCapture(RunEmitter):
                 self.step.scalar_owners[off] = owner
 
     def open_launch(self, kind: str, data: Any, owners: dict | None = None,
-                    block_size: int | None = None) -> None:
+                    block_size: int | None = None, v2_align: bool = False) -> None:
         if self.step is None:
             return
-        launch = _Launch(len(self.step.launches), kind, data, owners or {}, block_size=block_size)
+        launch = _Launch(len(self.step.launches), kind, data, owners or {}, block_size=block_size,
+                         v2_align=v2_align)
         self.step.launches.append(launch)
         self.step.current = launch
         self.step.scalar_owners = {}
