@@ -607,12 +607,22 @@ shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 
   # side by side, (a) `shrink` at its defaults (narrow first) of the 96-episode V1-forced failing
   # run on 0.32.0 (seeds 48:60), capped at the goal's 12 minutes; (b) the committed 3-request
   # script on 0.32.0 with V1 forced, async off and --patch accept_sync; (c) 0.33.0 (torch 2.14 kit,
-  # when installed): doctor, the V2 and V1 cells vs async off, a V1 capture pair. Then, alone on the
-  # GPU: capture-overhead on V2 and V1 (0.32.0), longer rounds than before. SS_PARTS picks parts
-  # (default: shrink scripts v033 overhead); pack with pack_cost.
+  # when installed): doctor, the V2 and V1 cells vs async off, a V1 capture pair. First, alone on
+  # the GPU: capture-overhead on V2 and V1 (0.32.0), longer rounds than before (a fixed length, so
+  # the side-by-side part can be cut short at the lease's end). SS_PARTS picks parts (default:
+  # shrink scripts v033 overhead); pack with pack_cost.
   local parts=${SS_PARTS:-"shrink scripts v033 overhead"} D="$SS/cost"
   mkdir -p "$SS/logs" "$D"
   bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
+  if has overhead; then  # alone: nothing else on the GPU
+    for runner in v2 v1; do
+      SS_TIMEOUT=$(( ${SS_OVERHEAD_BUDGET_S:-200} + 200 )) SS_JOBDIR="$D" ss "overhead_$runner" 0.32.0 \
+        capture-overhead --model "$MODEL" --modes off,digest --rounds 60 --workloads gui \
+        --gui-max-tokens 256 --set model_runner=$runner --budget-s "${SS_OVERHEAD_BUDGET_S:-200}" \
+        --capture-dir "$D/overhead_$runner/cap" --json
+    done
+    echo "overhead done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
+  fi
   local script="$REPO/data/results/gpu/minimal_reproducer_0.26.0/at_two_seqs/repro/repro.py"
   local m=(--model "$REPO/data/models/$MODEL")
   if has shrink; then
@@ -644,15 +654,6 @@ shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 
     echo "v033: /tmp/vllm-0.33.0/env.sh missing (the torch 2.14 kit was not installed)" > "$SS/logs/v033.log"
   fi
   wait
-  echo "phase 1 done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
-  if has overhead; then  # alone: nothing else on the GPU
-    for runner in v2 v1; do
-      SS_TIMEOUT=$(( ${SS_OVERHEAD_BUDGET_S:-200} + 200 )) SS_JOBDIR="$D" ss "overhead_$runner" 0.32.0 \
-        capture-overhead --model "$MODEL" --modes off,digest --rounds 60 --workloads gui \
-        --gui-max-tokens 256 --set model_runner=$runner --budget-s "${SS_OVERHEAD_BUDGET_S:-200}" \
-        --capture-dir "$D/overhead_$runner/cap" --json
-    done
-  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
   echo done > "$SS/logs/DONE"
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_kit.sh: transfer glue for the lent H200. Packs torch 2.13, several vLLM releases and the
+# gpu_kit.sh: transfer glue for the lent H200. Packs torch 2.13 / 2.14, several vLLM releases and the
 # statescope CLI/notebook tools into chunks of at most CHUNK_BYTES, one chunk per device call, and
 # writes the installers that run there. Nothing here uses device time.
 #
@@ -11,13 +11,15 @@
 #   gpu_kit.sh release VERSION PINS [CHUNK_BYTES]   vLLM VERSION + pinned wheels -> .gk-vVERSION-NN
 #                                                   installs into /tmp/vllm-VERSION (+ env.sh)
 #   gpu_kit.sh torch213 [CHUNK_BYTES]               torch 2.13.0 + NCCL 2.29.7 -> .gk-torch213-NN
-#                                                   installs into /tmp/torch213
+#                                                   installs into /tmp/torch213 (vLLM 0.27.x-0.32.0)
+#   gpu_kit.sh torch214 [CHUNK_BYTES]               torch 2.14.0 + NCCL 2.30.7 + triton 3.8.0
+#                                                   -> .gk-torch214-NN, into /tmp/torch214 (vLLM 0.33.0)
 #   gpu_kit.sh tools [CHUNK_BYTES]                  what `statescope` and `statescope render` need
 #                                                   beyond the image -> .gk-tools-NN, into /tmp/sstools
 #   gpu_kit.sh plan [NAME ...]                      transfer order, sizes, the exact per-call commands
 #                                                   (payloads' last chunks packed together); (re)writes
 #                                                   install_all.sh into the final call's chunk. NAME:
-#                                                   torch213, vVERSION, tools (default: all built)
+#                                                   torch213, torch214, vVERSION, tools (default: all built)
 #   gpu_kit.sh resolve VERSION [OUT]                candidate pin list for a release (see gpu_pins/)
 #   gpu_kit.sh pytest [VENV]                        pure-Python pytest (+ pluggy, iniconfig, packaging,
 #                                                   pygments) copied from VENV (default .venv) into
@@ -125,6 +127,12 @@ IMAGE_VERSIONS = {
     "transformers": "5.17.0", "triton": "3.6.0", "nvidia-nccl-cu13": "2.28.9",
     "nvidia-nvshmem-cu13": "3.4.5"}
 
+# The torch kits (gpu_kit.sh torch213 / torch214): what each puts ahead of the image.
+TORCH_KITS = {
+    "2.13.0": {"torch": "2.13.0", "nvidia-nccl-cu13": "2.29.7"},
+    "2.14.0": {"torch": "2.14.0", "nvidia-nccl-cu13": "2.30.7", "triton": "3.8.0"},
+}
+
 # Not shipped on purpose (kernels we do not use, CUDA-12/other-torch wheels, front-end extras);
 # `check` lists them apart instead of failing.
 DROPPED = {
@@ -144,7 +152,7 @@ DROPPED = {
 # Version mismatches measured to be harmless (README: torch 2.13 on the image's CUDA 13.0 libraries).
 ACCEPTED = {
     ("torch", "triton"): "torch 2.13 wants 3.7.1; the image's 3.6.0 ran torch.compile",
-    ("torch", "nvidia-cudnn-cu13"): "9.20 wanted, the image's 9.19 ran convolutions",
+    ("torch", "nvidia-cudnn-cu13"): "9.20 (2.13) / 9.24 (2.14) wanted, the image's 9.19 ran 2.13's convolutions",
     ("torch", "cuda-toolkit"): "the image's CUDA 13.0 libraries load",
     ("torch", "cuda-bindings"): "the image's", ("torch", "nvidia-cusparselt-cu13"): "the image's",
     ("torch", "nvidia-nvshmem-cu13"): "the image's 3.4.5",
@@ -194,9 +202,9 @@ def cmd_check(a):
     if a.image_model:
         for n in IMAGE_NAMES:
             env.setdefault(canon(n), (IMAGE_VERSIONS.get(n), "image"))
-        if a.torch213:
-            env[canon("torch")] = ("2.13.0", "torch213 kit")
-            env[canon("nvidia-nccl-cu13")] = ("2.29.7", "torch213 kit")
+        kit = "2.13.0" if a.torch213 else a.torch_kit
+        for n, v in TORCH_KITS.get(kit, {}).items():   # what the torch kit puts ahead of the image
+            env[canon(n)] = (v, f"torch{kit.rsplit('.', 1)[0].replace('.', '')} kit")
     if a.pins:   # "# gk-not-shipped: NAME ..." lines of a pin list: left out on purpose
         for line in Path(a.pins).read_text().splitlines():
             if line.startswith("# gk-not-shipped:"):
@@ -318,7 +326,8 @@ def main():
     c.add_argument("--root", action="append")
     c.add_argument("--live", action="store_true")
     c.add_argument("--image-model", action="store_true")
-    c.add_argument("--torch213", action="store_true")
+    c.add_argument("--torch213", action="store_true")    # = --torch-kit 2.13.0 (kept for old callers)
+    c.add_argument("--torch-kit", metavar="TORCH_VERSION", help="model the torch kit of that torch too")
     c.add_argument("--strict", action="store_true")
     c.add_argument("--pins")
     c.set_defaults(f=cmd_check)
@@ -370,14 +379,17 @@ cat $(awk '$1=="part"{print "'"$GK"'/"$2}' "$man") > "$payload"
 [ "$(md5sum "$payload" | cut -d' ' -f1)" = "$want" ] || { echo "$NAME: payload checksum mismatch"; exit 4; }
 rm -rf "$DEST" && mkdir -p "$DEST"
 case "$KIND" in
-torch213)
+torch2[0-9]*)     # a torch kit (torch213, torch214): torch + its companion wheels, unpacked as is
   xz -T0 -dc "$payload" | tar x -C "$DEST"
-  [ -x "$DEST/torch/bin/torch_shm_manager" ] || { echo "torch213: torch/bin/torch_shm_manager missing"; exit 4; }
-  PYTHONPATH="$DEST${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'cuda', torch.cuda.is_available())"
+  [ -x "$DEST/torch/bin/torch_shm_manager" ] || { echo "$NAME: torch/bin/torch_shm_manager missing"; exit 4; }
+  tri=""; [ -d "$DEST/triton" ] && tri="; import triton; print('triton', triton.__version__, triton.__file__)"
+  PYTHONPATH="$DEST${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'cuda', torch.cuda.is_available())$tri"
   ;;
 release)
+  kit=""
   if [ "$TORCH" != image ]; then
-    [ -f /tmp/torch213/.gk-installed ] || { echo "$NAME: needs torch $TORCH: install torch213 first (install_all.sh does)"; exit 5; }
+    kit="torch$(v=${TORCH%.*}; echo "${v//./}")"      # torch 2.14.0 -> the torch214 kit in /tmp/torch214
+    [ -f "/tmp/$kit/.gk-installed" ] || { echo "$NAME: needs torch $TORCH: install $kit first (install_all.sh does)"; exit 5; }
   fi
   tar xf "$payload" -C "$work"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
@@ -388,12 +400,12 @@ release)
         --disable-pip-version-check --target "$DEST" $extra
   fi
   xz -T0 -dc "$work/vllm.tar.xz" | tar x -C "$DEST"
-  tp=""; [ "$TORCH" = image ] || tp=":/tmp/torch213"
+  tp=""; [ "$TORCH" = image ] || tp=":/tmp/$kit"
   cat > "$DEST/env.sh" <<ENV
 # vLLM $VERSION on the H200 (torch $TORCH), written by gpu_kit.sh's installer. Source it: . $DEST/env.sh
 # Puts $DEST${tp} (and /tmp/sstools when installed) ahead of the image's packages; another
 # release's entries are removed first, so releases can be switched in one shell.
-_gk_pp=\$(printf '%s' "\${PYTHONPATH:-}" | tr ':' '\n' | grep -vE '^/tmp/(vllm-[^/]+|torch213|sstools)/?\$' | paste -sd: - || true)
+_gk_pp=\$(printf '%s' "\${PYTHONPATH:-}" | tr ':' '\n' | grep -vE '^/tmp/(vllm-[^/]+|torch2[0-9]+|sstools)/?\$' | paste -sd: - || true)
 _gk_st=""; [ -d /tmp/sstools ] && _gk_st=":/tmp/sstools"
 export PYTHONPATH="$DEST${tp}\${_gk_st}\${_gk_pp:+:\$_gk_pp}"
 [ -d /tmp/sstools/bin ] && case ":\$PATH:" in *:/tmp/sstools/bin:*) ;; *) export PATH="/tmp/sstools/bin:\$PATH";; esac
@@ -497,26 +509,61 @@ STRIP_REV=r1
 xz_cache_name() { echo "$CACHE/xz/$1-$2${GK_XZ_LEVEL:--0}-$STRIP_REV.tar.xz"; }   # NAME VERSION
 
 # ---------------------------------------------------------------------------------------------
-cmd_torch213() {
-  local chunk=${1:-$DEFAULT_CHUNK} work
-  WORK=$(mktemp -d "${TMPDIR:-/tmp}/gk-torch213.XXXXXX"); work=$WORK
-  fetch torch==2.13.0 nvidia-nccl-cu13==2.29.7 > /dev/null     # into $CACHE/dl
-  local cached; cached=$(xz_cache_name torch213 2.13.0)
-  if [ -f "$cached" ]; then log "torch213: stripped tree from the cache ($cached)"; cp "$cached" "$work/torch213.tar.xz"; else
+# The torch kits: NAME -> torch version + companion wheels (what the image's CUDA 13.0 stack lacks
+# for that torch). Each installs into /tmp/NAME; a release pinned to torch X.Y.Z needs torchXY
+# (torch_kit_name). Measured/decided from each torch wheel's Requires-Dist and its .so files' NEEDED,
+# RPATH and undefined symbols (readelf -d, nm -D), compared with 2.13's which ran on the image:
+#   torch213: NCCL 2.29.7 (2.13 calls ncclCommResume, the image's 2.28.9 lacks it). The image's
+#             triton 3.6.0 (2.13 wants 3.7.1) ran torch.compile; its cuDNN 9.19 (9.20 wanted) ran convs.
+#   torch214: NCCL 2.30.7 (2.14 also calls ncclCommGrow/Revoke/GetUniqueId, ncclGather,
+#             ncclWinGetUserPtr) and triton 3.8.0 (2.14 wants ~=3.8.0; vLLM 0.33's GDN/FLA kernels and
+#             2.14's inductor are Triton; 3.6.0 is two minors behind). Left to the image as for 2.13:
+#             cuda-toolkit 13.0.3 (same pin as 2.13; 2.14's new cudart/cublasLt symbols exist since
+#             CUDA 11), cuda-bindings (same >=13.0.3,<14), nvshmem 3.4.5 and cusparseLt 0.8.1 (same pins,
+#             same symbols as 2.13), cuDNN (9.24 wanted, image 9.19; no new cudnn symbol vs 2.13:
+#             torch.backends.cudnn.version() complains as with 2.13; ~0.9 GB, not carried).
+torch_kit_spec() {  # NAME -> "TORCH_VERSION COMPANION_REQ ..."
+  case "$1" in
+    torch213) echo "2.13.0 nvidia-nccl-cu13==2.29.7" ;;
+    torch214) echo "2.14.0 nvidia-nccl-cu13==2.30.7 triton==3.8.0" ;;
+    *) die "no torch kit $1 (known: torch213 torch214)" ;;
+  esac
+}
+torch_kit_name() { local v=${1%.*}; echo "torch${v//./}"; }   # 2.14.0 -> torch214
+
+cmd_torch_kit() {  # NAME [CHUNK_BYTES]
+  local name=$1 chunk=${2:-$DEFAULT_CHUNK} work spec version req whl
+  spec=($(torch_kit_spec "$name")); version=${spec[0]}
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/gk-$name.XXXXXX"); work=$WORK
+  fetch "torch==$version" "${spec[@]:1}" > /dev/null     # into $CACHE/dl
+  local cached; cached=$(xz_cache_name "$name" "$version")
+  if [ -f "$cached" ]; then log "$name: stripped tree from the cache ($cached)"; cp "$cached" "$work/$name.tar.xz"; else
   mkdir -p "$work/site"
   # torch without its C++ headers and protoc (nothing on the device compiles against them; measured);
-  # torch/bin/torch_shm_manager stays (torch refuses to import without it). NCCL 2.29.7 in full:
-  # torch 2.13 needs ncclCommResume, the image's NCCL 2.28.9 lacks it. Its dist-info stays so that
-  # importlib.metadata reports the NCCL that loads (torch's RPATH finds ../../nvidia/nccl/lib).
-  (cd "$work/site" && unzip -q "$CACHE"/dl/torch-2.13.0-cp312-*.whl -x 'torch/include/*' 'torch/bin/protoc*' \
-     && unzip -q "$CACHE"/dl/nvidia_nccl_cu13-2.29.7-*.whl)
-  log "torch213: xz of $(du -sh "$work/site" | cut -f1) (10-20 min on 2 busy cores)"
-  xz_dir "$work/site" "$work/torch213.tar.xz"
+  # torch/bin/torch_shm_manager stays (torch refuses to import without it). NCCL in full, dist-info
+  # included so that importlib.metadata reports the NCCL that loads (torch's RPATH finds
+  # ../../nvidia/nccl/lib). Triton (dist-info kept: its entry points name the backends and shadow the
+  # image's triton's) without what an H200 (sm_90) run never loads: the CUPTI copies of the Proton
+  # profiler (backends/nvidia/lib/cupti*, 278 MB) and ptxas-blackwell (used for arch >= 100 only).
+  (cd "$work/site" && unzip -q "$CACHE"/dl/torch-$version-cp312-*.whl -x 'torch/include/*' 'torch/bin/protoc*')
+  for req in "${spec[@]:1}"; do
+    local pkg=${req%%==*} ver=${req#*==}
+    whl=$(ls "$CACHE"/dl/"${pkg//-/_}"-"$ver"-*.whl | head -1)
+    [ -f "$whl" ] || die "$name: no wheel for $req in $CACHE/dl"
+    case "$pkg" in
+      triton) (cd "$work/site" && unzip -q "$whl" -x 'triton/backends/nvidia/lib/cupti/*' \
+                 'triton/backends/nvidia/lib/cupti-blackwell/*' 'triton/backends/nvidia/bin/ptxas-blackwell') ;;
+      *) (cd "$work/site" && unzip -q "$whl") ;;
+    esac
+  done
+  [ -x "$work/site/torch/bin/torch_shm_manager" ] || die "$name: torch/bin/torch_shm_manager missing"
+  log "$name: xz of $(du -sh "$work/site" | cut -f1) (10-20 min on 2 busy cores)"
+  xz_dir "$work/site" "$work/$name.tar.xz"
   rm -rf "$work/site"
-  mkdir -p "$CACHE/xz"; cp "$work/torch213.tar.xz" "$cached"
+  mkdir -p "$CACHE/xz"; cp "$work/$name.tar.xz" "$cached"
   fi
-  write_installer torch213 torch213 2.13.0 own /tmp/torch213 "$work/install_torch213.sh"
-  printf 'kind torch213\nversion 2.13.0\ndest /tmp/torch213\n' | pack torch213 "$work/torch213.tar.xz" "$chunk" "$work/install_torch213.sh"
+  write_installer "$name" "$name" "$version" own "/tmp/$name" "$work/install_$name.sh"
+  printf 'kind %s\nversion %s\ndest /tmp/%s\n' "$name" "$version" "$name" | pack "$name" "$work/$name.tar.xz" "$chunk" "$work/install_$name.sh"
   cmd_plan > /dev/null
 }
 
@@ -533,8 +580,11 @@ cmd_release() {
   torch=$(unzip -p "$whl" '*.dist-info/METADATA' | sed -n -E 's/^Requires-Dist: torch==([0-9.]+).*/\1/p' | head -1)
   case "$torch" in
     2.11.0) torch=image ;;            # the image's torch 2.11.0+cu130
-    2.13.0) ;;                        # the torch213 kit
-    *) die "vllm $version pins torch $torch: neither the image's 2.11.0 nor the kit's 2.13.0" ;;
+    2.13.0|2.14.0)                    # the torch213 / torch214 kit
+      local kit; kit=$(torch_kit_name "$torch")
+      [ -n "$(ls "$ROOT"/.gk-"$kit"-[0-9][0-9]/"$kit".manifest 2>/dev/null)" ] \
+        || log "$name: needs the $kit kit on the device: bash scripts/gpu_kit.sh $kit (not built yet)" ;;
+    *) die "vllm $version pins torch $torch: neither the image's 2.11.0 nor a kit's (torch213: 2.13.0, torch214: 2.14.0)" ;;
   esac
   mkdir -p "$work/p/whl" "$work/p/cond"
   local cached; cached=$(xz_cache_name vllm "$version")
@@ -657,13 +707,23 @@ done
 run() { bash "$GK/install_$1.sh" > "$GK/log-$1.txt" 2>&1; }
 field() { awk -v n="$1" -v k="$2" '$1=="name"{cur=$2} cur==n && $1==k{print $2}' <<<"$MANIFEST"; }
 t0=$(date +%s)
-if [ "${state[torch213]:-}" = ready ]; then
-  if run torch213; then state[torch213]=installed; else state[torch213]=FAILED; fi
-fi
+# the torch kits (torch213, torch214: kind = name) first, in parallel; then the releases, in parallel
+pids=()
+for n in "${want[@]}"; do
+  [[ "$(field "$n" kind)" =~ ^torch[0-9]+$ ]] && [ "${state[$n]}" = ready ] || continue
+  run "$n" & pids+=("$!:$n")
+done
+for p in "${pids[@]}"; do if wait "${p%%:*}"; then state[${p#*:}]=installed; else state[${p#*:}]=FAILED; fi; done
 pids=()
 for n in "${want[@]}"; do
   [ "$(field "$n" kind)" = release ] && [ "${state[$n]}" = ready ] || continue
-  if [ "$(field "$n" torch)" != image ] && [ ! -f /tmp/torch213/.gk-installed ]; then state[$n]="skipped (needs torch213)"; continue; fi
+  tv=$(field "$n" torch)
+  if [ "$tv" != image ]; then
+    kit="torch$(v=${tv%.*}; echo "${v//./}")"         # torch 2.14.0 -> torch214 (in /tmp/torch214)
+    if [ ! -f "/tmp/$kit/.gk-installed" ]; then
+      state[$n]="skipped (needs $kit for torch $tv: ${state[$kit]:-not in this transfer}; carry its chunks and run install_all.sh again)"; continue
+    fi
+  fi
   run "$n" & pids+=("$!:$n")
 done
 for p in "${pids[@]}"; do if wait "${p%%:*}"; then state[${p#*:}]=installed; else state[${p#*:}]=FAILED; fi; done
@@ -708,7 +768,7 @@ if only:
         sys.exit(f"gpu_kit plan: no chunks for {unknown} (have {sorted(man)})")
     man = {n: man[n] for n in only}
 if not man:
-    sys.exit("gpu_kit plan: no chunks yet: run torch213 / release / tools first")
+    sys.exit("gpu_kit plan: no chunks yet: run torch213 / torch214 / release / tools first")
 order = sorted(man, key=lambda n: (-int(man[n]["bytes"]), n))
 size = {}
 for n in order:
@@ -740,7 +800,7 @@ ia.write_text(
     "#!/usr/bin/env bash\n"
     "# install_all.sh: generated by scripts/gpu_kit.sh plan. Runs ON the device in the final transfer call.\n"
     "# Checks every part's md5, names chunk folders that did not arrive, installs each complete payload\n"
-    "# (torch213 first, the releases in parallel, then tools) and reports.\n"
+    "# (the torch kits torch213/torch214 first, the releases in parallel, then tools) and reports.\n"
     "# Usage: bash /tmp/gk/install_all.sh [NAME ...]   (default: all planned: " + " ".join(order) + ")\n"
     "set -uo pipefail\n"
     'GK=${GK_DIR:-/tmp/gk}; here=$(cd "$(dirname "$0")" && pwd); mkdir -p "$GK"\n'
@@ -804,7 +864,7 @@ for line in open(sys.argv[2]):
     r = Requirement(line.strip())
     n = canon(r.name)
     if n in drop:
-        print(f"drop {r.name}: {h['DROPPED'].get(n, 'the torch stack: image or torch213 kit')}", file=sys.stderr)
+        print(f"drop {r.name}: {h['DROPPED'].get(n, 'the torch stack: image or a torch kit')}", file=sys.stderr)
     elif n in image:   # the image has it, with its own dependencies; a floor above it is a cond wheel
         v = h["IMAGE_VERSIONS"].get(r.name) or h["IMAGE_VERSIONS"].get(n)
         ok = "?" if v is None else ("ok" if r.specifier.contains(v, prereleases=True) else "TOO OLD")
@@ -833,8 +893,8 @@ PYEOF
 }
 
 # Local test, no GPU: every shipped wheel installs with pip --no-index --no-deps --target into a Python
-# 3.12 venv's target dir, and every Requires-Dist of what ships is found (in the target, the torch213
-# kit or the image model) at a version it accepts.
+# 3.12 venv's target dir, and every Requires-Dist of what ships is found (in the target, the release's
+# torch kit or the image model) at a version it accepts.
 cmd_check() {
   local what=${1:?usage: gpu_kit.sh check VERSION|tools} work name t213=()
   [ -x "$VENV312/bin/python" ] || die "no venv at $VENV312: /root/.pyenv/versions/3.12.1/bin/python -m venv $VENV312 && $VENV312/bin/pip install packaging"
@@ -851,7 +911,8 @@ cmd_check() {
   echo "pip --no-index --no-deps --target: $(ls -d "$work"/target/*.dist-info | wc -l) dists installed from ${#wheels[@]} wheels"
   if [ -f "$work/x/vllm.tar.xz" ]; then
     xz -dc "$work/x/vllm.tar.xz" | tar x -C "$work/target"
-    [ "$(awk '$1=="torch"{print $2}' "$man")" = image ] || t213=(--torch213)
+    local tv; tv=$(awk '$1=="torch"{print $2}' "$man")
+    [ "$tv" = image ] || t213=(--torch-kit "$tv")
   fi
   local ns=(); [ -f "$work/x/pins.txt" ] && ns=(--pins "$work/x/pins.txt")
   helper_py > "$work/gk_helper.py"    # this script's helper (the payload's copy may be older)
@@ -875,12 +936,12 @@ cmd_pytest() {
 case "${1:-}" in
   pytest)   shift; cmd_pytest "$@" ;;
   release)  shift; cmd_release "$@" ;;
-  torch213) shift; cmd_torch213 "$@" ;;
+  torch213|torch214) cmd_torch_kit "$@" ;;
   tools)    shift; cmd_tools "$@" ;;
   plan)     shift; cmd_plan "$@" ;;
   resolve)  shift; cmd_resolve "$@" ;;
   check)    shift; cmd_check "$@" ;;
   helper)   helper_py ;;              # print the Python helper (gk_helper.py)
-  help|-h|--help) sed -n '2,40p' "$0" ;;
-  *) sed -n '2,30p' "$0"; exit 2 ;;
+  help|-h|--help) sed -n '2,42p' "$0" ;;
+  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac
