@@ -28,9 +28,13 @@
 #                                                        #   the shrink's batch phase, nb 06, CUDA checks
 #   bash scripts/gpu_cli.sh pack_localise               # pack what `localise` wrote so far
 #   bash scripts/gpu_cli.sh pack NAME DIR...             # compact + tar what a part wrote into $OUT
+#   bash scripts/gpu_cli.sh collect PACK_CMD [MAX_S]     # wait for a detached campaign, packing every
+#                                                        #   40 s; exits 3 at once on a bare machine
 #   bash scripts/gpu_cli.sh shrink_cost_and_overhead     # the shrink's cost at its defaults (0.32.0, V1),
 #                                                        #   the 3-request script's controls, 0.33.0,
 #                                                        #   then capture overhead alone; pack_cost packs
+#                                                        #   (SS_RELEASE, SS_PARTS, SS_V033_FIRST=1: a
+#                                                        #   0.33.0-only lease, its cells first)
 #   bash scripts/gpu_cli.sh gallery [DEADLINE_S]         # 0.26.0: notebooks 00 01 03 04 06 rendered on
 #                                                        #   the GPU (two renders side by side) + the
 #                                                        #   CUDA tests and digest benchmark (issue 20)
@@ -603,55 +607,71 @@ pack_minimal() {  # [VERSION]: what `minimal` wrote so far -> $OUT (safe to call
   for f in "$SS/$v"/minimal/*/rc; do echo "$f: $(cat "$f")"; done
 }
 
+overhead_alone() {  # VERSION DIR: capture-overhead on V2 then V1, nothing else on the GPU; a fixed
+  # time budget per runner (SS_OVERHEAD_BUDGET_S, default 200), so a short lease can still plan it
+  local v=$1 D=$2 runner
+  for runner in v2 v1; do
+    SS_TIMEOUT=$(( ${SS_OVERHEAD_BUDGET_S:-200} + 200 )) SS_JOBDIR="$D" ss "overhead_$runner" "$v" \
+      capture-overhead --model "$MODEL" --modes off,digest --rounds 60 --workloads gui \
+      --gui-max-tokens 256 --set model_runner=$runner --budget-s "${SS_OVERHEAD_BUDGET_S:-200}" \
+      --capture-dir "$D/overhead_$runner/cap" --json
+  done
+  echo "overhead $v done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
+}
+
+newest_cells() {  # VERSION: doctor, the V2 and V1 cells vs async off, a V1 capture pair, side by side
+  local v=$1 R="$SS/$1/runs" runner
+  mkdir -p "$R"
+  ss doctor "$v" doctor --model "$MODEL" --json
+  for runner in v2 v1; do
+    ss "cell_$runner" "$v" reproduce --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
+      --control no_async --trigger-set model_runner=$runner --control-set model_runner=$runner \
+      --runs "$R" --run-id "$runner" --json &
+  done
+  # V1 capture on the newest release (issue 29 item 2): trigger vs async off, then the reports
+  cap_pair "$v" v1_forced --model "$MODEL" --preset "$PRESET" --seeds 48:60 --set model_runner=v1 &
+  wait
+}
+
 shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 3, 5 and 7):
   # side by side, (a) `shrink` at its defaults (narrow first) of the 96-episode V1-forced failing
-  # run on 0.32.0 (seeds 48:60), capped at the goal's 12 minutes; (b) the committed 3-request
-  # script on 0.32.0 with V1 forced, async off and --patch accept_sync; (c) 0.33.0 (torch 2.14 kit,
-  # when installed): doctor, the V2 and V1 cells vs async off, a V1 capture pair. First, alone on
-  # the GPU: capture-overhead on V2 and V1 (0.32.0), longer rounds than before (a fixed length, so
-  # the side-by-side part can be cut short at the lease's end). SS_PARTS picks parts (default:
-  # shrink scripts v033 overhead); pack with pack_cost.
-  local parts=${SS_PARTS:-"shrink scripts v033 overhead"} D="$SS/cost"
+  # run on SS_RELEASE (default 0.32.0; seeds 48:60), capped at the goal's 12 minutes; (b) the
+  # committed 3-request script there with V1 forced, async off and --patch accept_sync; (c) 0.33.0
+  # (torch 2.14 kit, when installed): newest_cells. First, alone on the GPU: overhead_alone on
+  # SS_RELEASE. SS_PARTS picks parts (default: shrink scripts v033 overhead); SS_V033_FIRST=1 runs
+  # (c) alone before the overhead and the rest (a lease holding only the 0.33.0 kit: SS_RELEASE=0.33.0
+  # SS_PARTS="v033 overhead" SS_V033_FIRST=1). Pack with pack_cost.
+  local parts=${SS_PARTS:-"shrink scripts v033 overhead"} D="$SS/cost" rel=${SS_RELEASE:-0.32.0}
   mkdir -p "$SS/logs" "$D"
-  bash "$0" setup 0.32.0 > "$SS/logs/setup-0.32.0.log" 2>&1
-  if has overhead; then  # alone: nothing else on the GPU
-    for runner in v2 v1; do
-      SS_TIMEOUT=$(( ${SS_OVERHEAD_BUDGET_S:-200} + 200 )) SS_JOBDIR="$D" ss "overhead_$runner" 0.32.0 \
-        capture-overhead --model "$MODEL" --modes off,digest --rounds 60 --workloads gui \
-        --gui-max-tokens 256 --set model_runner=$runner --budget-s "${SS_OVERHEAD_BUDGET_S:-200}" \
-        --capture-dir "$D/overhead_$runner/cap" --json
-    done
-    echo "overhead done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
+  local v
+  for v in $(printf '%s\n' "$rel" $(has v033 && echo 0.33.0) | sort -u); do
+    [ -f "/tmp/vllm-$v/env.sh" ] && bash "$0" setup "$v" > "$SS/logs/setup-$v.log" 2>&1
+  done
+  if has v033 && [ ! -f /tmp/vllm-0.33.0/env.sh ]; then
+    echo "v033: /tmp/vllm-0.33.0/env.sh missing (the torch 2.14 kit was not installed)" > "$SS/logs/v033.log"
+  elif has v033 && [ "${SS_V033_FIRST:-0}" = 1 ]; then
+    newest_cells 0.33.0 > "$SS/logs/v033.log" 2>&1
+    echo "v033 done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
   fi
+  has overhead && overhead_alone "$rel" "$D"
   local script="$REPO/data/results/gpu/minimal_reproducer_0.26.0/at_two_seqs/repro/repro.py"
   local m=(--model "$REPO/data/models/$MODEL")
   if has shrink; then
-    ( SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-720} SS_JOBDIR="$D" ss shrink 0.32.0 shrink --model "$MODEL" \
+    ( SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-720} SS_JOBDIR="$D" ss shrink "$rel" shrink --model "$MODEL" \
         --preset "$PRESET" --seeds 48:60 --control no_async --keep-failing 3 \
         --both-set model_runner=v1 --out "$D/shrink" --json ) > "$SS/logs/shrink.log" 2>&1 &
   fi
   if has scripts; then
     mkdir -p "$D/scripts"
     local i
-    for i in 1 2; do repro_run 0.32.0 "$script" "$D/scripts/v1_$i.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- "${m[@]}" & done
-    repro_run 0.32.0 "$script" "$D/scripts/v1_async_off.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
+    for i in 1 2; do repro_run "$rel" "$script" "$D/scripts/v1_$i.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- "${m[@]}" & done
+    repro_run "$rel" "$script" "$D/scripts/v1_async_off.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
       "${m[@]}" --set async_scheduling=false &
-    repro_run 0.32.0 "$script" "$D/scripts/v1_accept_sync.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
+    repro_run "$rel" "$script" "$D/scripts/v1_accept_sync.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
       "${m[@]}" --patch accept_sync &
   fi
-  if has v033 && [ -f /tmp/vllm-0.33.0/env.sh ]; then
-    ( local R="$SS/0.33.0/runs"; mkdir -p "$R"
-      ss doctor 0.33.0 doctor --model "$MODEL" --json
-      for runner in v2 v1; do
-        ss "cell_$runner" 0.33.0 reproduce --model "$MODEL" --preset "$PRESET" --seeds 48:60 \
-          --control no_async --trigger-set model_runner=$runner --control-set model_runner=$runner \
-          --runs "$R" --run-id "$runner" --json &
-      done
-      # V1 capture on the newest release (issue 29 item 2): trigger vs async off, then the reports
-      cap_pair 0.33.0 v1_forced --model "$MODEL" --preset "$PRESET" --seeds 48:60 --set model_runner=v1 &
-      wait ) > "$SS/logs/v033.log" 2>&1 &
-  elif has v033; then
-    echo "v033: /tmp/vllm-0.33.0/env.sh missing (the torch 2.14 kit was not installed)" > "$SS/logs/v033.log"
+  if has v033 && [ -f /tmp/vllm-0.33.0/env.sh ] && [ "${SS_V033_FIRST:-0}" != 1 ]; then
+    newest_cells 0.33.0 > "$SS/logs/v033.log" 2>&1 &
   fi
   wait
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$SS/logs/nvidia-smi.txt"
@@ -668,7 +688,20 @@ pack_cost() {  # what shrink_cost_and_overhead wrote so far -> $OUT (safe while 
   grep -h '^rc=' "$D"/scripts/*.log 2>/dev/null | sort | uniq -c
 }
 
+collect() {  # PACK_CMD [MAX_S]: wait for a detached campaign, packing with PACK_CMD every 40 s,
+  # until $SS/logs/DONE or MAX_S (default 500). On a bare machine (no $SS/logs: the lease was lost
+  # between calls and /tmp with it) it exits 3 at once: a collect call that sleeps there anyway
+  # spends the session's device time on nothing (2026-12-04: 532 s).
+  local pack_cmd=${1:?usage: gpu_cli.sh collect PACK_CMD [MAX_S]} max=${2:-500} t0=$SECONDS
+  [ -d "$SS/logs" ] || { echo "collect: $SS/logs missing: this machine is bare (the campaign is gone); nothing to wait for" >&2; exit 3; }
+  while [ ! -f "$SS/logs/DONE" ] && [ $(( SECONDS - t0 + 40 )) -lt "$max" ]; do
+    sleep 40; bash "$0" "$pack_cmd" > "$SS/logs/collect.log" 2>&1
+  done
+  bash "$0" "$pack_cmd"
+}
+
 case "${1:-}" in
+  collect) shift; collect "$@" ;;
   campaign) shift; campaign "$@" ;;
   env) shift; echo ". /tmp/vllm-$1/env.sh; export PYTHONPATH=$REPO/lib:\$PYTHONPATH" ;;
   setup) shift; ( . "/tmp/vllm-$1/env.sh" && STATESCOPE_WHEELS=${STATESCOPE_WHEELS:-/tmp/gk/work-tools/whl} \

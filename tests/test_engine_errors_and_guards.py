@@ -207,3 +207,13 @@ def test_resolved_config_records_the_profile(engine_pool):
     r = engine_pool.get(TRIGGER).resolved()
     assert r["profile"]["name"] == "cpu" and r["profile"]["chosen_by"]  # how it was chosen, said
     assert isinstance(r["profile"]["applied"], list)
+
+
+def test_engine_gate_admits_every_release_the_capture_covers():
+    # the H200 run of 0.33.0 stopped at this gate while the capture already covered it
+    from statescope.capture.adapters import COVERED, COVERED_V2
+    from statescope.engine.offline import SUPPORTED_VLLM
+
+    refused = [v for v in (*COVERED, *COVERED_V2) if not v.startswith(SUPPORTED_VLLM)]
+    assert refused == [], f"engine gate refuses releases the capture covers: {refused}"
+    assert not "0.34.0".startswith(SUPPORTED_VLLM)  # an unknown release is still refused

@@ -27,7 +27,7 @@ from statescope.engine.modeldir import check_model_dir
 from statescope.engine.config import EngineConfig
 from statescope.patches.device_profiles import DeviceProfile, apply_in_process, choose_profile, profiled
 
-SUPPORTED_VLLM = ("0.26.", "0.28.", "0.29.", "0.30.", "0.31.", "0.32.")
+SUPPORTED_VLLM = ("0.26.", "0.28.", "0.29.", "0.30.", "0.31.", "0.32.", "0.33.")
 
 
 @dataclass
