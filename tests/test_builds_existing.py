@@ -21,7 +21,7 @@ import pytest
 from statescope.bisect import BisectResult, ProbeRecord
 from statescope.bisect.answer import checked_answer
 from statescope.builds import BuildFailed, BuildSpec, ensure_build
-from statescope.builds import existing
+from statescope.builds import environment, existing
 from statescope.builds.run import build_probe, cell_command
 from statescope.builds.spec import REPO
 from statescope.errors import InputError
@@ -89,7 +89,7 @@ def test_env_sh_variables_reach_the_cell_and_this_checkout_comes_first(tmp_path,
     d = _env_folder(tmp_path, "export STATESCOPE_TEST_FROM_ENV_SH=yes\n"
                               "export PYTHONPATH=/tmp/vllm-x${PYTHONPATH:+:$PYTHONPATH}\n")
     spec = BuildSpec.parse(f"env:{d}")
-    env = existing.cell_environment(spec)
+    env = environment.cell_environment(spec)
     assert env["STATESCOPE_TEST_FROM_ENV_SH"] == "yes" and env["SS_KEEP"] == "caller"
     assert env["PYTHONPATH"].split(":") == [str(REPO / "lib"), "/tmp/vllm-x"]
     build = ensure_build(spec)  # bin/python is this interpreter: vllm, torch and statescope import
@@ -111,19 +111,19 @@ def test_env_sh_sees_a_minimal_environment_without_credentials(tmp_path, monkeyp
     monkeypatch.setenv("SS_UNLISTED", "caller")
     d = _env_folder(tmp_path, 'export SEEN="token=$HF_TOKEN key=$MY_SERVICE_API_KEY '
                               'other=$SS_UNLISTED path=${PATH:+set}"\n')
-    env = existing.cell_environment(BuildSpec.parse(f"env:{d}"))
+    env = environment.cell_environment(BuildSpec.parse(f"env:{d}"))
     assert env["SEEN"] == "token= key= other= path=set", env["SEEN"]
-    assert "HF_TOKEN" not in existing.source_environment()
+    assert "HF_TOKEN" not in environment.source_environment()
 
 
 def test_a_hanging_env_sh_is_one_line_after_its_time_limit(tmp_path, monkeypatch):
     import time
 
-    monkeypatch.setattr(existing, "ENV_SH_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(environment, "ENV_SH_TIMEOUT_S", 1.5)
     d = _env_folder(tmp_path, "sleep 300\n")
     t0 = time.monotonic()
     with pytest.raises(InputError, match=r"env\.sh: sourcing it did not finish within 1.5 s") as exc:
-        existing.cell_environment(BuildSpec.parse(f"env:{d}"))
+        environment.cell_environment(BuildSpec.parse(f"env:{d}"))
     assert time.monotonic() - t0 < 20 and "\n" not in str(exc.value)
 
 
@@ -136,7 +136,7 @@ def test_a_path_with_a_trailing_space_is_refused(tmp_path):
 def test_an_env_sh_that_fails_is_an_input_error(tmp_path):
     d = _env_folder(tmp_path, "return 3\n")
     with pytest.raises(InputError, match="sourcing it failed"):
-        existing.cell_environment(BuildSpec.parse(f"env:{d}"))
+        environment.cell_environment(BuildSpec.parse(f"env:{d}"))
 
 
 def _parser():

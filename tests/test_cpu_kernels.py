@@ -40,7 +40,7 @@ def installed(monkeypatch):
     """Install for the test, then put the module back as found: an engine kept alive by another
     test in this process may rely on the stand-ins and on its registry entries."""
     was_installed, semantics = ck.is_installed(), ck.get_copy_semantics()
-    regions, labels, listeners = dict(ck._regions), dict(ck._labels), list(ck._listeners)
+    regions, labels, listeners = dict(ck.registered_regions), dict(ck.region_labels), list(ck.copy_listeners)
     monkeypatch.delenv(ck.ENV_SEMANTICS, raising=False)
     ck.set_copy_semantics("memmove")
     assert ck.install_cpu_kernels() is True
@@ -50,9 +50,9 @@ def installed(monkeypatch):
     else:
         ck.uninstall_cpu_kernels()
     ck.set_copy_semantics(*semantics)
-    ck._regions.update(regions)
-    ck._labels.update(labels)
-    ck._listeners[:] = listeners
+    ck.registered_regions.update(regions)
+    ck.region_labels.update(labels)
+    ck.copy_listeners[:] = listeners
 
 
 @dataclass
@@ -291,7 +291,7 @@ def test_tiled_copy_follows_documented_schedule():
                               (33, 10, 60, 2), (64, 16, 16, 0), (64, 16, 15, 0)]:
         buf = torch.randint(0, 256, (128,), dtype=torch.uint8, generator=gen)
         want = _naive_barrierless(buf.tolist(), src, dst, n, tile)
-        ck._tiled_copy(buf, src, dst, n, tile)
+        ck.tiled_copy(buf, src, dst, n, tile)
         assert buf.tolist() == want, (n, tile, src, dst)
 
 
@@ -368,7 +368,7 @@ def _with_release(version: str) -> None:
     """Follow ``version``'s profile; the ``installed`` fixture's reinstall/uninstall restores it."""
     from statescope.patches.cpu_kernels_releases import RELEASES
 
-    ck._release[0] = RELEASES[version]
+    ck.active_release[0] = RELEASES[version]
 
 
 @pytest.mark.parametrize("version, row_read", [("0.28.0", 0), ("0.29.0", 0), ("0.32.0", 3)])

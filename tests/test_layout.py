@@ -311,3 +311,100 @@ def test_every_statescope_import_names_something_that_exists():
                 if a.name not in have and sub is None and a.name != "*":
                     broken.append(f"{where}: {node.module} has no {a.name}")
     assert not broken, "imports of names that do not exist:\n" + "\n".join(broken)
+
+
+def _dotted(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_import_nodes(tree: ast.Module):
+    """Every import statement that runs, lazily in a function or not; ``if TYPE_CHECKING:`` blocks
+    are annotations only and are skipped."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _module_edges() -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> the statescope modules it imports at run time, private names imported across)."""
+    paths = {_dotted(p): p for p in _modules()}
+    edges: dict[str, set[str]] = {m: set() for m in paths}
+    private = []
+    for mod, path in paths.items():
+        for node in _runtime_import_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges[mod] |= {a.name for a in node.names if a.name in paths}
+                continue
+            base = node.module or ""
+            if node.level:
+                up = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                base = ".".join(up[:len(up) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                target = f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base
+                if target not in paths or target == mod:
+                    continue
+                edges[mod].add(target)
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    private.append(f"{path.relative_to(PKG)}:{node.lineno} imports {a.name} "
+                                   f"from {target}")
+    return edges, private
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for u in graph[v]:
+            if u not in index:
+                visit(u)
+                low[v] = min(low[v], low[u])
+            elif u in stack:
+                low[v] = min(low[v], index[u])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                u = stack.pop()
+                comp.append(u)
+                if u == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_inside_a_wing():
+    """Counting lazy imports in functions too: a circle hidden in a function is still a circle."""
+    edges, _ = _module_edges()
+    circles = []
+    for wing in WINGS:
+        inside = {m for m in edges if m.startswith(f"statescope.{wing}.")}
+        circles += _cycles({m: {t for t in edges[m] if t in inside} for m in inside})
+    assert not circles, "import circles inside a wing:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_private_names_across_modules():
+    _, private = _module_edges()
+    assert not private, "private names imported from another module:\n" + "\n".join(private)
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from statescope.share import scrub
-from statescope.share.scrub import REPO, Scrubber, SecretLeak, allowed_env, check_tree, find_secrets
+from statescope.share.leakcheck import check_tree
+from statescope.share.scrub import REPO, Scrubber, SecretLeak, allowed_env, find_secrets
 
 # Token-shaped fakes (none is a real credential), one per pattern family.
 FAKES = {

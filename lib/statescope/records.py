@@ -106,7 +106,7 @@ def _plain_key_value(v: Any) -> bool:
     return isinstance(v, (str, int)) and not isinstance(v, bool)
 
 
-def _scan(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
+def scan_records(path: Path, keys: tuple = KEY_FIELDS) -> tuple[list[dict], int]:
     """Parse a records file; returns (records, byte offset where a torn last line starts or size)."""
     data = path.read_bytes() if path.exists() else b""
     records, offset = [], 0
@@ -244,7 +244,7 @@ class ResultsStore:
                                                               ("build", "config_hash"))):
             if not path.exists():
                 continue
-            for lineno, rec in enumerate(_scan(path, keys)[0], 1):
+            for lineno, rec in enumerate(scan_records(path, keys)[0], 1):
                 if rec.get("run_id") != self.run_id:
                     refuse(f"{path}:{lineno}", f"a record of run {rec.get('run_id')!r}, not "
                                                f"{self.run_id!r}")
@@ -254,7 +254,7 @@ class ResultsStore:
 
     def kept(self) -> str:
         """What the folder holds now, for an error line: its complete records."""
-        n = len(self._keys) if self._keys is not None else len(_scan(self.records_path)[0]) \
+        n = len(self._keys) if self._keys is not None else len(scan_records(self.records_path)[0]) \
             if self.records_path.exists() else 0
         return f"kept {n} complete record(s) in {self.records_path}"
 
@@ -326,12 +326,12 @@ class ResultsStore:
     def completed_keys(self) -> set[tuple]:
         """Keys (run_id, build, config_hash, episode, step) already stored; callers skip these."""
         if self._keys is None:
-            records, _ = _scan(self.records_path)
+            records, _ = scan_records(self.records_path)
             self._keys = {_key(r) for r in records}
         return set(self._keys)
 
     def _open(self) -> None:
-        records, good_end = _scan(self.records_path)
+        records, good_end = scan_records(self.records_path)
         self._keys = {_key(r) for r in records}
         size = self.records_path.stat().st_size if self.records_path.exists() else 0
         if good_end < size:  # cut the torn line off so the next record starts on a fresh line
@@ -426,7 +426,7 @@ def load_records(run_dir: Path | str) -> pd.DataFrame:
     path = Path(run_dir) / RECORDS_FILE
     if not path.exists():
         raise InputError(f"{path}: records file not found; expected a run directory written by ResultsStore")
-    records, _ = _scan(path)
+    records, _ = scan_records(path)
     return pd.DataFrame(records, columns=None if records else list(KEY_FIELDS))
 
 
@@ -437,7 +437,7 @@ def load_lifetimes(run_dir: Path | str, build: str | None = None,
     path = Path(run_dir) / LIFETIMES_FILE
     if not path.exists():
         return []
-    rows, _ = _scan(path, ("build", "config_hash"))
+    rows, _ = scan_records(path, ("build", "config_hash"))
     current: dict[Any, dict] = {}  # a lifetime written as it goes: its last line is current
     for i, r in enumerate(rows):
         if (build is None or r.get("build") == build) and \

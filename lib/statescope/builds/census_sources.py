@@ -63,7 +63,7 @@ def build_tree(name: str | BuildSpec) -> SourceTree:
     """The sources of an environment made by ``statescope build add`` (spec text or install key)."""
     text = name.text if isinstance(name, BuildSpec) else str(name)
     if not _KEY.match(text) and BuildSpec.parse(text).existing:  # env:/python: the vllm it imports
-        from statescope.builds.existing import vllm_location
+        from statescope.builds.environment import vllm_location
 
         spec = BuildSpec.parse(text)
         where = vllm_location(spec)

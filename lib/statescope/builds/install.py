@@ -28,25 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from statescope.builds.process import VERIFY_IMPORTS, clean_env, run_logged  # noqa: F401 (re-export)
 from statescope.builds.spec import (LIGHT_DEPS, REPO, Build, BuildFailed, BuildSpec, builds_dir)
 from statescope.errors import EnvironmentBroken, InputError
 
 COMMIT_INDEX = "https://wheels.vllm.ai/{commit}"
-_VERIFY = ("import json, importlib.metadata as md, statescope, vllm, torch; "
-           "print('STATESCOPE_VERSIONS ' + json.dumps({'vllm': vllm.__version__, "
-           "'torch': torch.__version__, 'statescope': statescope.__version__}))")
-
-
-def _clean_env(extra: dict | None = None) -> dict:
-    """The caller's environment (pip config, proxies, PIP_*) minus what would leak this venv in."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "__PYVENV_LAUNCHER__")}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return {**env, **(extra or {})}
-
-
 def _commit_fetch_env() -> dict:
-    env = {k: v for k, v in _clean_env().items()
+    env = {k: v for k, v in clean_env().items()
            if k not in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT")}
     return {**env, "PIP_CONFIG_FILE": os.devnull}  # pip then reads no configuration file
 
@@ -54,7 +42,7 @@ def _commit_fetch_env() -> dict:
 def pip_config() -> dict[str, list[str]]:
     """This machine's pip settings (config files and PIP_* variables), as ``pip config list`` shows."""
     out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                         text=True, env=_clean_env()).stdout
+                         text=True, env=clean_env()).stdout
     conf: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, sep, value = line.partition("=")
@@ -91,24 +79,9 @@ def find_uv(bootstrap: bool = False) -> str | None:
         tools.mkdir(parents=True, exist_ok=True)
         with open(tools / "install.log", "ab") as log, contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run([sys.executable, "-m", "pip", "install", "--target", str(tools), "uv"],
-                           stdout=log, stderr=subprocess.STDOUT, env=_clean_env(), timeout=600)
+                           stdout=log, stderr=subprocess.STDOUT, env=clean_env(), timeout=600)
         return find_uv(False)  # None when that failed: the caller falls back to pip
     return None
-
-
-def _run_logged(cmd: list[str], log, step: str, env: dict, timeout_s: float) -> tuple[int, str]:
-    log.write(f"\n$ {' '.join(map(str, cmd))}\n".encode())
-    log.flush()
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=env, timeout=timeout_s)
-        out, rc = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        out, rc = (exc.stdout or b"") + f"\n[timed out after {timeout_s} s]\n".encode(), 124
-    log.write(out + f"[{step}: exit {rc}, {time.perf_counter() - t0:.1f} s]\n".encode())
-    log.flush()
-    return rc, out.decode(errors="replace")
 
 
 def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> dict:
@@ -120,7 +93,7 @@ def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> d
     if installer == "uv" and uv is None:
         raise InputError("installer='uv': uv was not found and could not be pip-installed")
     uv_args, uv_env = uv_options(pip_config()) if uv else ([], {})
-    env = _clean_env(uv_env)
+    env = clean_env(uv_env)
     py = venv / "bin" / "python"
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
@@ -128,7 +101,7 @@ def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> d
                   f"{'uv ' + uv if uv else 'pip'}\n".encode())
 
         def step(name: str, cmd: list) -> str:
-            rc, out = _run_logged(cmd, log, name, env, timeout_s)
+            rc, out = run_logged(cmd, log, name, env, timeout_s)
             if rc != 0:
                 tail = [l for l in out.strip().splitlines() if l.strip()][-3:]
                 raise BuildFailed(f"build {spec.label}: {name} failed (exit {rc}): "
@@ -142,7 +115,7 @@ def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> d
             index = COMMIT_INDEX.format(commit=spec.source) + (f"/{spec.variant}" if spec.variant else "")
             # Only the commit's index may answer (no configured index may offer a release vllm);
             # the wheel is then installed like a local file, with the machine's pip settings.
-            rc, out = _run_logged([sys.executable, "-m", "pip", "download", "vllm", "--no-deps", "--pre",
+            rc, out = run_logged([sys.executable, "-m", "pip", "download", "vllm", "--no-deps", "--pre",
                                    "--only-binary", ":all:", "--index-url", index, "-d", path / "wheel"],
                                   log, "fetch commit wheel", _commit_fetch_env(), timeout_s)
             wheels = sorted((path / "wheel").glob("*.whl"))
@@ -153,7 +126,7 @@ def _install(spec: BuildSpec, path: Path, installer: str, timeout_s: float) -> d
         step("install vllm", [*pip, requirement, *LIGHT_DEPS])
         step("install statescope", [*pip, "--no-deps", "-e", REPO])
         log.write(f"\nshims hook: {_ensure_shims_hook(venv)}\n".encode())
-        out = step("import check", [py, "-c", _VERIFY])
+        out = step("import check", [py, "-c", VERIFY_IMPORTS])
     versions = json.loads(out.split("STATESCOPE_VERSIONS ", 1)[1].splitlines()[0])
     du = subprocess.run(["du", "-sb", str(venv)], capture_output=True, text=True).stdout.split()
     return {"installer": "uv" if uv else "pip", "install_seconds": round(time.perf_counter() - t0, 1),

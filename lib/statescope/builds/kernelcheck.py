@@ -75,12 +75,12 @@ def check_here() -> dict:
 
 def kernel_check(spec: BuildSpec | str, timeout_s: float = 600) -> dict:
     """``check_here`` in the build's environment (installed first if needed)."""
-    from statescope.builds.install import _clean_env, ensure_build
+    from statescope.builds.install import clean_env, ensure_build
 
     build = ensure_build(spec)
     proc = subprocess.run([str(build.python), "-m", "statescope.builds.kernelcheck"],
                           capture_output=True, text=True, cwd=REPO, timeout=timeout_s,
-                          env=_clean_env({"PYTHONPATH": str(REPO / "lib"),
+                          env=clean_env({"PYTHONPATH": str(REPO / "lib"),
                                           "VLLM_LOGGING_LEVEL": "ERROR"}))
     lines = [l for l in proc.stdout.splitlines() if l.startswith(MARK)]
     if proc.returncode != 0 or not lines:

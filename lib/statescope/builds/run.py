@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from statescope.builds.install import _clean_env, ensure_build
+from statescope.builds.install import clean_env, ensure_build
 from statescope.builds.spec import REPO, Build, BuildFailed, BuildSpec
 from statescope.errors import EnvironmentBroken, InputError
 from statescope.tables import RecordsTable
@@ -116,7 +116,7 @@ def cell_command(build: Build, request: Path) -> tuple[list[str], dict]:
     if build.env is not None:
         return ([str(build.python), "-m", "statescope.builds", "run-cell", str(request)],
                 {**build.env, "VLLM_LOGGING_LEVEL": build.env.get("VLLM_LOGGING_LEVEL", "WARNING")})
-    env = _clean_env({"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(REPO / "lib")})
+    env = clean_env({"VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(REPO / "lib")})
     return [str(build.python), "-m", "statescope.builds", "run-cell", str(request)], env
 
 

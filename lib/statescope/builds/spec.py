@@ -61,7 +61,7 @@ class BuildSpec:
         ps = tuple(parse_patch(p) for p in patches)
         for kind in ("env", "python"):
             if src.startswith(kind + ":"):
-                from statescope.builds.existing import resolve_path
+                from statescope.builds.environment import resolve_path
 
                 return cls(kind, resolve_path(kind, src[len(kind) + 1:], str(text)), None, ps)
         if src.startswith("commit:"):
@@ -96,7 +96,7 @@ class BuildSpec:
         """``text`` with a wheel file shown by its name only; an existing environment as
         ``vllm 0.30.0 @ /tmp/vllm-0.30.0`` (its interpreter asked once per process)."""
         if self.existing:
-            from statescope.builds.existing import label
+            from statescope.builds.environment import label
 
             return label(self) + "".join(f"{PATCH_SEP}{p}" for p in self.patches)
         return self.text.replace(self.source, Path(self.source).name) if self.kind == "wheel" else self.text

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from statescope.capture import word_hash
+from statescope.capture.block_layout import block_contiguous
 from statescope.capture.digest_native import ENV_NATIVE, native_kernel  # noqa: F401 (re-export)
 
 log = logging.getLogger("statescope.capture.digest")
@@ -156,7 +157,7 @@ class Digester:
         fn = native_kernel() if first.device.type == "cpu" else None
         if fn is None or first.dtype not in (torch.float32, torch.bfloat16) or first.dim() < 2 \
                 or not all(s.dtype == first.dtype and s.shape[1:] == first.shape[1:]
-                           and _block_contiguous(s) for s in states):
+                           and block_contiguous(s) for s in states):
             return None
         ids = np.ascontiguousarray(block_ids.numpy(), dtype=np.int64)
         layers, reqs = ids.shape
@@ -291,13 +292,6 @@ def triton_kernel() -> Any:
                 mod = None
         _triton.append(mod)
     return _triton[0]
-
-
-def _block_contiguous(s: torch.Tensor) -> bool:
-    """Whether each block ``s[i]`` is one contiguous run of memory (from the strides alone)."""
-    shape, strides = s.shape[1:], s.stride()[1:]
-    return all(n == 1 or st == math.prod(shape[i + 1:])
-               for i, (n, st) in enumerate(zip(shape, strides)))
 
 
 def gather_snapshot(states: Sequence[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:

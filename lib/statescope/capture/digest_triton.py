@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from statescope.capture.digest import _block_contiguous
+from statescope.capture.block_layout import block_contiguous
 
 MAX_PROJECTIONS = 4
 MAX_TOKEN_ROWS = 1024  # token rows (conv window length) kept whole in one tile
@@ -198,7 +198,7 @@ def _layout(states: Sequence[torch.Tensor]) -> tuple | None:
     value = None
     if first.dim() >= 2 and first.dtype in (torch.float32, torch.bfloat16) and all(
             t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.device == first.device
-            and _block_contiguous(t) for t in states):
+            and block_contiguous(t) for t in states):
         addrs = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in states]
         host = torch.tensor([[p for p, _ in addrs], [b for _, b in addrs]], dtype=torch.int64)
         table = host if first.device.type == "cpu" else \

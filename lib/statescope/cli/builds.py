@@ -49,7 +49,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def check_cell_arguments(args: argparse.Namespace) -> None:
     """The options every cell would only reject after an install and an engine start."""
     from statescope.errors import InputError
-    from statescope.verdict.reproduce import UNITS, standard_arms
+    from statescope.verdict.reproduce import standard_arms
+    from statescope.verdict.units import UNITS
     from statescope.workload.episodes import PRESETS
 
     if args.unit not in UNITS:
@@ -90,9 +91,6 @@ def cell_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-CELL_ALPHA = 0.01  # the alpha every cell's verdict uses (statescope.verdict.reproduce's default)
-
-
 def size_cells(args: argparse.Namespace) -> dict[str, Any]:
     """The design of one cell, before any install or engine: its units, the best p they can
     reach and what they detect. A cell that can never reach alpha is refused when its seeds were
@@ -100,7 +98,7 @@ def size_cells(args: argparse.Namespace) -> dict[str, Any]:
     ``args.cell_seeds`` becomes the fewest seeds 0:k of the preset that can answer."""
     from statescope.cli.reproduce import seeds_that_can_answer
     from statescope.errors import InputError
-    from statescope.verdict.design import design_units, power_of
+    from statescope.verdict.design import CELL_ALPHA, design_units, power_of
     from statescope.workload.episodes import parse_seeds, preset_trace, seeds_trace
 
     def design_of(seeds_text: str | None):
@@ -125,6 +123,7 @@ def size_cells(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    from statescope.verdict.design import CELL_ALPHA
     from statescope.verdict.stats import NO_EVIDENCE
     from statescope.workload.episodes import parse_seeds
 

@@ -41,14 +41,14 @@ def capture_overhead_command(args: argparse.Namespace) -> int:
 
     from statescope.capture.overhead import check_modes
     from statescope.capture.overhead_probe import probe_engine
-    from statescope.cli.reproduce import _config_overrides
+    from statescope.cli.reproduce import config_overrides
     from statescope.errors import InputError
     from statescope.engine.config import EngineConfig, model_path
     from statescope.engine.runners import OfflineRunner
 
     modes = check_modes(_csv(args.modes, "--modes"), "--modes")
     workloads = _csv(args.workloads, "--workloads")
-    overrides = _config_overrides(args.set, "--set")
+    overrides = config_overrides(args.set, "--set")
     if args.gpu:  # compiled, CUDA graphs and async scheduling, as the H200 probes ran
         from statescope.gpu.e2e_arms import gpu_extra
 

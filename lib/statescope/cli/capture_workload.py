@@ -164,12 +164,12 @@ def _ending_before(tok: Any, text: str, block: int | None, gap: int) -> list[int
 def _run_trace(engine: Any, trace: list, out: Path, on_done: Callable[[int], None]) -> list:
     from statescope.engine.runners import OfflineRunner, run_waves
     from statescope.records import ResultsStore
-    from statescope.verdict.reproduce import _padder_for, replay_mode, trace_next_step
+    from statescope.verdict.reproduce import padder_for, replay_mode, trace_next_step
     from statescope.workload.trace import episodes_of
 
     runner = OfflineRunner(engine)
     store = ResultsStore(out / "records", time.strftime("capture-%Y%m%d-%H%M%S") + f"-{id(trace) % 10**6}")
-    padder = _padder_for(trace, runner)
+    padder = padder_for(trace, runner)
     return run_waves(_Counted(runner, on_done), list(episodes_of(trace)),
                      trace_next_step(trace, padder, replay_mode(trace)), store, build="capture",
                      config_hash="capture", max_tokens=max(s.max_tokens for s in trace),

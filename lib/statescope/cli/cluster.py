@@ -131,7 +131,7 @@ def matrix_on_ray(args: argparse.Namespace):
 def ray_cell_design(args: argparse.Namespace, seeds: int) -> tuple[int, dict]:
     """The pooled design of one build and settings over ``seeds`` cells (a seed each), before the
     cluster starts: refused when ``--seeds`` was given and cannot reach alpha, sized otherwise."""
-    from statescope.cli.builds import CELL_ALPHA
+    from statescope.verdict.design import CELL_ALPHA
     from statescope.cli.reproduce import seeds_that_can_answer
     from statescope.verdict.design import design_units, power_of
     from statescope.workload.episodes import PRESETS, preset_trace

@@ -24,7 +24,7 @@ from typing import Any
 
 from statescope.diverge.conv_continuity import continuity_summary, conv_shift_check
 from statescope.diverge.report import DivergenceReport, divergence_report
-from statescope.diverge.report import _open as _open_run
+from statescope.diverge.report import open_capture as _open_run
 
 
 def _open(path: Any, what: str) -> Any:

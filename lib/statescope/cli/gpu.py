@@ -32,7 +32,7 @@ from typing import Any
 
 from statescope.cli.exit_codes import exit_epilog
 from statescope.errors import InputError
-from statescope.gpu.racecheck import (_positive, preset_shift_classes, racecheck_table,
+from statescope.gpu.racecheck import (positive_int, preset_shift_classes, racecheck_table,
                                       require_cuda, sweep_shift_classes)
 
 
@@ -180,7 +180,7 @@ def racecheck_command(args: argparse.Namespace) -> int:
     """Run the probe for the chosen preset; exit 1 when the unpatched kernel corrupted any copy."""
     classes = (sweep_shift_classes() if args.preset == "sweep"
                else preset_shift_classes(args.preset, tp=args.tp))
-    _positive(args.copies, "--copies")
+    positive_int(args.copies, "--copies")
     require_cuda()
     modes = (False,) if args.unpatched_only else (False, True)
     table = racecheck_table(classes, args.copies, patched_modes=modes)

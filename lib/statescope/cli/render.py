@@ -50,13 +50,13 @@ def _parameters(pairs: list[str] | None, sources: list) -> dict:
     name, or a value of another type than the default's, is an error before any kernel starts."""
     from statescope.cli.assignments import FieldType, literal_kind, parse_assignments
     from statescope.share.parameters import declared_parameters
-    from statescope.share.render import _source_notebook
+    from statescope.share.render import source_notebook
 
     if not pairs:
         return {}
     fields: dict | None = None
     for source in sources:
-        stem, nb = _source_notebook(source)
+        stem, nb = source_notebook(source)
         declared = {k: literal_kind(v) for k, v in declared_parameters(nb, stem).items()}
         if not declared:
             raise InputError(f"-p: notebook {stem} has no cell tagged 'parameters'; it takes no -p")

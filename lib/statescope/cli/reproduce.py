@@ -23,7 +23,7 @@ from statescope.cli.exit_codes import verdict_exit
 from statescope.errors import InputError
 
 
-def _config_overrides(pairs: list[str] | None, where: str) -> dict:
+def config_overrides(pairs: list[str] | None, where: str) -> dict:
     """``key=value`` pairs of engine settings (``--trigger-set`` / ``--control-set``), typed by the
     one override rule (``statescope.engine.overrides.typed_overrides``: EngineConfig field names
     or vLLM's spellings; ``enable_prefix_caching=yes`` is an error, not a cast)."""
@@ -53,9 +53,9 @@ def experiment_of(control: str, trigger_pairs: list[str] | None = None,
     from statescope.verdict.experiment import Experiment
 
     return Experiment(control=control, model=model or None,
-                      both_set=_config_overrides(both_pairs, "--both-set"),
-                      trigger_set=_config_overrides(trigger_pairs, trigger_where),
-                      control_set=_config_overrides(control_pairs, "--control-set"),
+                      both_set=config_overrides(both_pairs, "--both-set"),
+                      trigger_set=config_overrides(trigger_pairs, trigger_where),
+                      control_set=config_overrides(control_pairs, "--control-set"),
                       flags=("--both-set", trigger_where, "--control-set"), **fields)
 
 
@@ -234,7 +234,7 @@ def print_report(result, trace, sized: str | None) -> None:
 def _refuse_powerless(args: argparse.Namespace, trace, preset: str | None) -> None:
     """The design's refusal before the progress bar (``reproduce`` checks it again, with the rest)."""
     from statescope.verdict.design import design_units, power_of
-    from statescope.verdict.reproduce import UNITS
+    from statescope.verdict.units import UNITS
 
     alpha = args.alpha
     if args.unit not in UNITS or not isinstance(alpha, float) or not 0 < alpha < 1:

@@ -27,7 +27,7 @@ from typing import Any
 from statescope.cluster.cells import STORE_TOKEN
 from statescope.cluster.plan import CellPlan
 from statescope.errors import InputError
-from statescope.records import ResultsStore, _scan, load_manifest
+from statescope.records import ResultsStore, scan_records, load_manifest
 
 CELL_EPISODE = "cell"
 
@@ -79,7 +79,7 @@ class CellLedger:
 
     # -- records ----------------------------------------------------------------------------
     def records(self) -> list[dict]:
-        return _scan(self.store.records_path)[0]
+        return scan_records(self.store.records_path)[0]
 
     def latest(self) -> dict[str, dict]:
         """The newest record of each cell, by cell id."""

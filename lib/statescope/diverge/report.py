@@ -57,13 +57,14 @@ import numpy as np
 import pandas as pd
 
 from statescope.diverge.digest_diff import COLUMN_NOTES, digest_diff, sorted_layers
+from statescope.diverge.text import short_layer
 from statescope.capture.store import CaptureRun
 from statescope.errors import InputError
 
 EVENT_WINDOW = 1  # events are read at the first divergent step and this many steps before it
 
 
-def _open(path: str | os.PathLike | CaptureRun, what: str) -> CaptureRun:
+def open_capture(path: str | os.PathLike | CaptureRun, what: str) -> CaptureRun:
     if isinstance(path, CaptureRun):
         return path
     if not os.path.isdir(path):
@@ -303,14 +304,6 @@ class DivergenceReport:
 REPR_ROWS, REPR_HTML_ROWS = 8, 40  # rows a report shows of itself in a terminal / a notebook
 
 
-def short_layer(name: Any) -> str:
-    """``model.layers.2.linear_attn`` -> ``2`` (the model's layer number); other names as is."""
-    if name is None:
-        return ""
-    nums = [p for p in str(name).split(".") if p.isdigit()]
-    return nums[0] if len(nums) == 1 else str(name)
-
-
 def _differs_by(rows: pd.DataFrame) -> list[str]:
     """Which digests saw the difference: for the recurrent state the exact ``checksum`` /
     ``hash`` and the ``floats`` (statistics); for the conv window its ``live rows`` (per-row
@@ -443,7 +436,7 @@ def divergence_report(run_dir: str | os.PathLike | CaptureRun,
     ``columns``: which block columns (``digest_diff``: auto | all | resume | running);
     ``pairing``: auto (the default: token position, else request step with a warning) | position
     | step."""
-    run, ref = _open(run_dir, "run"), _open(reference_dir, "reference")
+    run, ref = open_capture(run_dir, "run"), open_capture(reference_dir, "reference")
     width = int(run.manifest.get("conv_window", 0))
     report = DivergenceReport(str(run.path), str(ref.path), conv_window=width)
     check_completeness(report, {"run": run, "reference": ref}, allow_incomplete)

@@ -20,10 +20,12 @@ from typing import Any
 from statescope.diverge.digest_diff import COLUMN_NOTES
 
 
-def _layer(name: Any) -> str:
-    from statescope.diverge.report import short_layer
-
-    return short_layer(name)
+def short_layer(name: Any) -> str:
+    """``model.layers.2.linear_attn`` -> ``2`` (the model's layer number); other names as is."""
+    if name is None:
+        return ""
+    nums = [p for p in str(name).split(".") if p.isdigit()]
+    return nums[0] if len(nums) == 1 else str(name)
 
 
 def _fmt(x: Any) -> str:
@@ -83,15 +85,15 @@ def report_text(report: Any, all_requests: bool = False) -> str:
                                                  if r.get("position") is not None and not paired
                                                  else "")
             lines.append(f"{r['req_id']}: first divergence at {where}, origin layer "
-                         f"{_layer(r.get('origin_layer')) or '?'} ({'+'.join(r['kinds'])}); layers "
-                         f"{','.join(_layer(x) for x in r['layers'])}; conv rows "
+                         f"{short_layer(r.get('origin_layer')) or '?'} ({'+'.join(r['kinds'])}); layers "
+                         f"{','.join(short_layer(x) for x in r['layers'])}; conv rows "
                          f"{_fmt(r['conv_rows'])}; magnitude {_fmt(r['magnitude'])}"
                          + ("; NaN/Inf" if r.get("nan_or_inf") else "")
                          + (f"; token position {r['position']} (reference step "
                             f"{r['reference_step']})" if paired else ""))
             for pl in r.get("per_layer") or []:
                 cols = f", recurrent columns {_fmt(pl['ssm_columns'])}" if pl.get("ssm_columns") else ""
-                lines.append(f"    layer {_layer(pl['layer'])}: {'+'.join(pl['kinds'])}, conv rows "
+                lines.append(f"    layer {short_layer(pl['layer'])}: {'+'.join(pl['kinds'])}, conv rows "
                              f"{_fmt(pl['conv_rows'])}{cols}, seen by {'+'.join(pl['differs_by'])},"
                              f" magnitude {_fmt(pl['magnitude'])}")
             lines.append(f"    events (steps {_fmt((r.get('events') or {}).get('steps'))}): "

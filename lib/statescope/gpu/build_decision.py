@@ -48,13 +48,13 @@ class CopyRaceOracle:
     def __call__(self, item: str, n: int) -> tuple[int, int]:
         import torch
 
-        from statescope.gpu.racecheck import _slot_bytes
+        from statescope.gpu.racecheck import slot_bytes
 
         if item not in self.copy_fns:
             raise InputError(f"CopyRaceOracle: unknown build {item!r}; expected one of {list(self.copy_fns)}")
         self._calls += 1
         k = max(self.launch_copies, n)
-        slot = _slot_bytes(self.shift_bytes, self.copy_bytes)
+        slot = slot_bytes(self.shift_bytes, self.copy_bytes)
         gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + self._calls)
         buf = torch.randint(0, 256, (k * slot,), dtype=torch.uint8, device=self.device, generator=gen)
         snap = buf.clone()

@@ -73,7 +73,7 @@ class ShiftClass:
         return self.shift_bytes < tile_bytes
 
 
-def _positive(value: Any, what: str) -> int:
+def positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"{what}: expected a positive integer, got {value!r}")
     return value
@@ -84,7 +84,7 @@ def shift_classes(conv_dim: int, dtype_bytes: int, conv_kernel: int, num_spec_to
     """The in-place shifts (bias 1..num_spec_tokens) of one geometry at tensor-parallel degree ``tp``."""
     for value, what in ((conv_dim, "conv_dim"), (dtype_bytes, "dtype_bytes"),
                         (conv_kernel, "conv_kernel"), (num_spec_tokens, "num_spec_tokens"), (tp, "tp")):
-        _positive(value, what)
+        positive_int(value, what)
     if conv_dim % tp:
         raise InputError(f"tp: expected a divisor of conv_dim={conv_dim}, got {tp}")
     row = conv_dim // tp * dtype_bytes
@@ -105,8 +105,8 @@ def preset_shift_classes(preset: str, tp: int = 1) -> list[ShiftClass]:
 def sweep_shift_classes(shifts: tuple[int, ...] = SWEEP_SHIFT_BYTES,
                         copy_bytes: int = SWEEP_COPY_BYTES) -> list[ShiftClass]:
     """Arbitrary byte shifts with a fixed copy size, to map where the kernel races."""
-    _positive(copy_bytes, "copy_bytes")
-    return [ShiftClass(name=f"sweep {_positive(s, 'shift')}B", shift_bytes=s, copy_bytes=copy_bytes)
+    positive_int(copy_bytes, "copy_bytes")
+    return [ShiftClass(name=f"sweep {positive_int(s, 'shift')}B", shift_bytes=s, copy_bytes=copy_bytes)
             for s in shifts]
 
 
@@ -181,7 +181,7 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _slot_bytes(shift_bytes: int, copy_bytes: int) -> int:
+def slot_bytes(shift_bytes: int, copy_bytes: int) -> int:
     # Each copy owns a 1024-aligned slot, as a state block starts on an aligned address.
     return (shift_bytes + copy_bytes + 1023) // 1024 * 1024
 
@@ -209,8 +209,8 @@ def probe_batch_memcpy(shift_bytes: int, copy_bytes: int, n_copies: int, device:
     from statescope.patches.overlap_safe import is_installed
 
     for value, what in ((shift_bytes, "shift_bytes"), (copy_bytes, "copy_bytes"), (n_copies, "n_copies")):
-        _positive(value, what)
-    slot = _slot_bytes(shift_bytes, copy_bytes)
+        positive_int(value, what)
+    slot = slot_bytes(shift_bytes, copy_bytes)
     per_launch = max(1, min(n_copies, max_chunk_bytes // slot))
     gen = torch.Generator(device=device).manual_seed(seed)
     bad, done, t0 = 0, 0, time.perf_counter()
@@ -281,7 +281,7 @@ def probe_fused_postprocess(row_bytes: int, dtype_bytes: int, state_len: int, bi
 
     mamba_utils = module if module is not None else require_cuda()
     for value, what in ((row_bytes, "row_bytes"), (state_len, "state_len"), (bias, "bias"), (n_reqs, "n_reqs")):
-        _positive(value, what)
+        positive_int(value, what)
     if bias >= state_len or row_bytes % dtype_bytes:
         raise InputError(f"fused probe: expected bias < state_len={state_len} and row_bytes a multiple "
                          f"of dtype_bytes, got bias={bias}, row_bytes={row_bytes}")

@@ -37,11 +37,12 @@ from typing import Any
 import torch
 
 from statescope.patches.cpu_kernels_copy import (COPY_SEMANTICS, DEFAULT_TILE_BYTES, POSTPROCESS, PRECOPY,
-                                         CopyEvent, _copy_state, _labels, _Layout, _listeners,
-                                         _regions, _release, _semantics, _tiled_copy,
-                                         add_copy_listener, clear_registry, get_copy_semantics,
-                                         register_state_tensors, register_tensor,
-                                         remove_copy_listener, set_copy_semantics)
+                                                 CopyEvent, CopyLayout, active_release, active_semantics,
+                                                 add_copy_listener, clear_registry, copy_listeners,
+                                                 copy_state, get_copy_semantics, region_labels,
+                                                 register_state_tensors, register_tensor,
+                                                 registered_regions, remove_copy_listener,
+                                                 set_copy_semantics, tiled_copy)
 from statescope.patches.cpu_kernels_releases import DEFAULT_RELEASE, RELEASES, for_version
 from statescope.errors import EnvironmentBroken, InputError
 
@@ -49,8 +50,8 @@ __all__ = ["COPY_SEMANTICS", "DEFAULT_TILE_BYTES", "ENV_SEMANTICS", "POSTPROCESS
            "SUPPORTED_VLLM_VERSIONS", "CopyEvent", "CpuKernel", "add_copy_listener",
            "clear_registry", "get_copy_semantics", "install_cpu_kernels", "installed_release",
            "is_installed", "register_state_tensors", "register_tensor", "remove_copy_listener",
-           "set_copy_semantics", "uninstall_cpu_kernels", "_labels", "_listeners", "_regions",
-           "_semantics", "_tiled_copy"]
+           "set_copy_semantics", "uninstall_cpu_kernels", "region_labels", "copy_listeners",
+           "registered_regions", "active_semantics", "tiled_copy"]
 
 SUPPORTED_VLLM_VERSIONS = tuple(RELEASES)
 ENV_SEMANTICS = "STATESCOPE_COPY_SEMANTICS"
@@ -72,7 +73,7 @@ def _precopy(grid: tuple[int, ...], mamba_state_idx_ptr: T, src_col_ptr: T, toke
              COPY_BLOCK_SIZE: int = 1024, CONV_STATE_DIM_FIRST: bool = False,
              HAS_IDX_MAPPING: bool = True, TEMPORAL_TILES: int = 1) -> None:
     """Align pre-copy: move each request's state from its previous running column to the new one."""
-    lay = _Layout.read(locals())
+    lay = CopyLayout.read(locals())
     rows, total_states = _grid_dims(grid)
     mapping = idx_mapping_ptr.tolist() if HAS_IDX_MAPPING else None
     dst_cols, src_cols, biases = (t.tolist() for t in (mamba_state_idx_ptr, src_col_ptr,
@@ -82,7 +83,7 @@ def _precopy(grid: tuple[int, ...], mamba_state_idx_ptr: T, src_col_ptr: T, toke
         if req < 0 or src_cols[req] < 0 or src_cols[req] == dst_cols[req]:
             continue  # skipped slot, fresh state, or still inside the same block
         for s in range(total_states):
-            _copy_state(PRECOPY, lay, s, batch_row, req, src_cols[req], dst_cols[req],
+            copy_state(PRECOPY, lay, s, batch_row, req, src_cols[req], dst_cols[req],
                         biases[req])
 
 
@@ -98,7 +99,7 @@ def _postprocess(grid: tuple[int, ...], num_accepted_tokens_ptr: T, mamba_state_
                  HAS_IDX_MAPPING: bool = False, PRECOMPUTED_NEW_COMPUTED: bool = False,
                  TEMPORAL_TILES: int = 1) -> None:
     """Align post-process: save the state at the last block boundary the accepted tokens reached."""
-    lay = _Layout.read(locals())
+    lay = CopyLayout.read(locals())
     if int(block_size) <= 0:
         raise InputError(f"{POSTPROCESS}: block_size must be a positive int, got {block_size!r}")
     rows, total_states = _grid_dims(grid)
@@ -128,7 +129,7 @@ def _postprocess(grid: tuple[int, ...], num_accepted_tokens_ptr: T, mamba_state_
             if bias == 0:
                 continue
         for s in range(total_states):
-            _copy_state(POSTPROCESS, lay, s, batch_row, req, src_col, dst_col, bias)
+            copy_state(POSTPROCESS, lay, s, batch_row, req, src_col, dst_col, bias)
 
 
 class CpuKernel:
@@ -151,7 +152,7 @@ def _apply_semantics_spec(raw: str, source: str) -> None:
     """Apply ``name`` or ``name:tile_bytes`` (tile bytes default to the current choice)."""
     name, _, tile = raw.strip().partition(":")
     try:
-        tile_bytes = int(tile) if tile else _semantics[1]
+        tile_bytes = int(tile) if tile else active_semantics[1]
     except ValueError:
         raise InputError(f"{source}={raw!r}: expected name[:tile_bytes]") from None
     set_copy_semantics(name, tile_bytes)
@@ -202,7 +203,7 @@ def install_cpu_kernels(semantics: str | None = None) -> bool:
 
     version = getattr(vllm, "__version__", "unknown")
     _check_vllm(mamba_utils, version)
-    _release[0] = for_version(version)
+    active_release[0] = for_version(version)
     if semantics is not None:
         _apply_semantics_spec(semantics, "install_cpu_kernels(semantics)")
     elif os.environ.get(ENV_SEMANTICS, "").strip():
@@ -245,7 +246,7 @@ def uninstall_cpu_kernels() -> bool:
     for name, original in list(_originals.items()):
         setattr(mamba_utils, name, original)
     _originals.clear()
-    _release[0] = DEFAULT_RELEASE
+    active_release[0] = DEFAULT_RELEASE
     return True
 
 
@@ -257,4 +258,4 @@ def is_installed() -> bool:
 
 def installed_release() -> str | None:
     """The vLLM release whose kernel profile the installed stand-ins follow; None when not installed."""
-    return _release[0].version if is_installed() else None
+    return active_release[0].version if is_installed() else None

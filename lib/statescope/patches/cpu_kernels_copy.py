@@ -6,7 +6,7 @@ process), each is looked up in a registry of CPU tensors (``register_tensor``,
 ``register_state_tensors``; weak references, so an engine's caches die with it) and becomes a
 bounds-checked byte view of that tensor's whole storage, so padded pages and conv/recurrent states
 sharing one page buffer address exactly the runner's bytes; unknown addresses raise ``InputError``.
-``_copy_state`` makes one (layer, state type) copy for one request and reports a ``CopyEvent`` to
+``copy_state`` makes one (layer, state type) copy for one request and reports a ``CopyEvent`` to
 every listener (``add_copy_listener``: the capture plugin's API).
 
 Copy semantics (``set_copy_semantics``): ``memmove`` (default, correct) reads each whole source
@@ -70,14 +70,14 @@ class CopyEvent:
         return self.state_kind == "conv" and self.src_block == self.dst_block and self.bias > 0
 
 
-_semantics: list[Any] = ["memmove", DEFAULT_TILE_BYTES]
-_listeners: list[Callable[[CopyEvent], None]] = []
+active_semantics: list[Any] = ["memmove", DEFAULT_TILE_BYTES]
+copy_listeners: list[Callable[[CopyEvent], None]] = []
 # storage start address -> (weakref to an anchor tensor, storage byte length)
-_regions: dict[int, tuple[weakref.ref, int]] = {}
+registered_regions: dict[int, tuple[weakref.ref, int]] = {}
 # state tensor data_ptr -> (layer label, weakref to its anchor: a dead one means a stale label)
-_labels: dict[int, tuple[str, weakref.ref]] = {}
+region_labels: dict[int, tuple[str, weakref.ref]] = {}
 # the release whose kernels are installed: its GPU ordering and block-table row
-_release: list[KernelRelease] = [DEFAULT_RELEASE]
+active_release: list[KernelRelease] = [DEFAULT_RELEASE]
 
 
 def set_copy_semantics(name: str, tile_bytes: int = DEFAULT_TILE_BYTES) -> None:
@@ -92,22 +92,22 @@ def set_copy_semantics(name: str, tile_bytes: int = DEFAULT_TILE_BYTES) -> None:
         raise InputError(f"copy semantics: expected one of {COPY_SEMANTICS}, got {name!r}")
     if isinstance(tile_bytes, bool) or not isinstance(tile_bytes, int) or tile_bytes <= 0:
         raise InputError(f"tile_bytes: expected a positive int, got {tile_bytes!r}")
-    _semantics[:] = [name, tile_bytes]
+    active_semantics[:] = [name, tile_bytes]
 
 def get_copy_semantics() -> tuple[str, int]:
     """The selected (semantics name, tile bytes)."""
-    return _semantics[0], _semantics[1]
+    return active_semantics[0], active_semantics[1]
 
 
 def add_copy_listener(fn: Callable[[CopyEvent], None]) -> None:
     """Call ``fn(event)`` after every copy; listener exceptions propagate into the engine step."""
-    if fn not in _listeners:
-        _listeners.append(fn)
+    if fn not in copy_listeners:
+        copy_listeners.append(fn)
 
 
 def remove_copy_listener(fn: Callable[[CopyEvent], None]) -> None:
-    if fn in _listeners:
-        _listeners.remove(fn)
+    if fn in copy_listeners:
+        copy_listeners.remove(fn)
 
 
 def register_tensor(tensor: torch.Tensor, label: str | None = None) -> None:
@@ -116,9 +116,9 @@ def register_tensor(tensor: torch.Tensor, label: str | None = None) -> None:
         raise InputError(f"register_tensor: expected a CPU tensor, got {tensor!r:.80}")
     anchor = tensor if tensor._base is None else tensor._base  # views keep their base alive
     storage = tensor.untyped_storage()
-    _regions[storage.data_ptr()] = (weakref.ref(anchor), storage.nbytes())
+    registered_regions[storage.data_ptr()] = (weakref.ref(anchor), storage.nbytes())
     if label is not None:
-        _labels[tensor.data_ptr()] = (label, weakref.ref(anchor))
+        region_labels[tensor.data_ptr()] = (label, weakref.ref(anchor))
 
 
 def register_state_tensors(ctx: Any, kv_cache_config: Any, forward_context: dict[str, Any],
@@ -133,16 +133,16 @@ def register_state_tensors(ctx: Any, kv_cache_config: Any, forward_context: dict
 
 
 def clear_registry() -> None:
-    _regions.clear()
-    _labels.clear()
+    registered_regions.clear()
+    region_labels.clear()
 
 
 def _storage_bytes(addr: int, nbytes: int, what: str) -> tuple[torch.Tensor, int]:
     """(flat uint8 view of the storage holding [addr, addr+nbytes), offset of addr in it)."""
-    for start, (ref, length) in list(_regions.items()):
+    for start, (ref, length) in list(registered_regions.items()):
         anchor = ref()
         if anchor is None:  # freed engine: forget it so a reused address is not misread
-            del _regions[start]
+            del registered_regions[start]
             continue
         if start <= addr and addr + nbytes <= start + length:
             flat = torch.empty(0, dtype=torch.uint8).set_(anchor.untyped_storage())
@@ -153,7 +153,7 @@ def _storage_bytes(addr: int, nbytes: int, what: str) -> tuple[torch.Tensor, int
 
 
 def _label(addr: int) -> str | None:
-    label, ref = _labels.get(addr, (None, None))
+    label, ref = region_labels.get(addr, (None, None))
     return label if ref is not None and ref() is not None else None
 
 
@@ -162,7 +162,7 @@ def _read_i32(addr: int, what: str) -> int:
     return int(flat[off:off + 4].view(torch.int32).item())
 
 
-def _tiled_copy(flat: torch.Tensor, src: int, dst: int, n: int, tile: int) -> None:
+def tiled_copy(flat: torch.Tensor, src: int, dst: int, n: int, tile: int) -> None:
     """``barrierless_tiles`` on one row: ascending tiles, lanes high-to-low inside each tile."""
     delta = src - dst
     for start in range(0, n, tile):
@@ -186,7 +186,7 @@ def _move(src_addr: int, dst_addr: int, nbytes: int, rows: int, row_stride: int,
     same_storage = src_flat.data_ptr() == dst_flat.data_ptr()
     if name == "barrierless_tiles" and same_storage:
         for r in range(rows):  # rows in order, as the DS loop runs them
-            _tiled_copy(dst_flat, src_off + r * row_stride, dst_off + r * row_stride, nbytes, tile)
+            tiled_copy(dst_flat, src_off + r * row_stride, dst_off + r * row_stride, nbytes, tile)
         return
     src = src_flat.as_strided((rows, nbytes), (row_stride, 1), src_off)
     dst = dst_flat.as_strided((rows, nbytes), (row_stride, 1), dst_off)
@@ -200,7 +200,7 @@ _LAYOUT_ARGS = ("block_table_ptrs_ptr", "block_table_stride_req", "state_base_ad
 
 
 @dataclass(frozen=True)
-class _Layout:
+class CopyLayout:
     """The flattened per-state metadata of one launch, read once into Python ints."""
 
     block_table_ptrs: list[int]
@@ -217,28 +217,28 @@ class _Layout:
     copy_block_size: int
 
     @classmethod
-    def read(cls, launch_args: dict[str, Any]) -> _Layout:
+    def read(cls, launch_args: dict[str, Any]) -> CopyLayout:
         """From a kernel's arguments by name (both kernels share these parameter names)."""
         tables, stride, *state = (launch_args[n] for n in _LAYOUT_ARGS)
         return cls(tables.tolist(), int(stride), *(t.tolist() for t in state),
                    bool(launch_args["CONV_STATE_DIM_FIRST"]), int(launch_args["COPY_BLOCK_SIZE"]))
 
 
-def _effective_semantics(is_conv: bool, lay: _Layout) -> tuple[str, int]:
+def _effective_semantics(is_conv: bool, lay: CopyLayout) -> tuple[str, int]:
     """The (semantics, tile bytes) one copy runs with: ``release_gpu_order`` resolves per release
     for conv states; recurrent copies never overlap their source, so memmove is exact for them."""
-    name, tile = _semantics
+    name, tile = active_semantics
     if name != "release_gpu_order":
         return name, tile
     if not is_conv:
         return "memmove", tile
-    return gpu_order_semantics(_release[0], lay.dim_first, lay.copy_block_size)
+    return gpu_order_semantics(active_release[0], lay.dim_first, lay.copy_block_size)
 
 
-def _copy_state(kernel: str, lay: _Layout, s: int, batch_row: int, req_slot: int,
+def copy_state(kernel: str, lay: CopyLayout, s: int, batch_row: int, req_slot: int,
                 src_col: int, dst_col: int, bias: int) -> None:
     """Copy one (layer, state type) block for one request, then report it."""
-    row = req_slot if _release[0].block_table_row == "req" else batch_row
+    row = req_slot if active_release[0].block_table_row == "req" else batch_row
     table = lay.block_table_ptrs[lay.group[s]] + row * lay.block_table_stride * 4
     base, stride, elem = lay.base[s], lay.block_stride[s], lay.elem[s]
     width = lay.conv_width[s]
@@ -262,9 +262,9 @@ def _copy_state(kernel: str, lay: _Layout, s: int, batch_row: int, req_slot: int
     semantics = _effective_semantics(width > 0, lay)
     if nbytes > 0:
         _move(base + src_off, base + dst_off, nbytes, rows, row_stride, what, semantics)
-    if _listeners:
+    if copy_listeners:
         event = CopyEvent(kernel, s, _label(base), "conv" if width > 0 else "ssm", batch_row,
                           req_slot, src_col, dst_col, src_block, dst_block, bias, base, src_off,
                           dst_off, nbytes, rows, row_stride, *semantics)
-        for fn in list(_listeners):
+        for fn in list(copy_listeners):
             fn(event)

@@ -47,7 +47,8 @@ def run_id_of(report: dict) -> str:
 
 def verdict_of(folder: str | Path, runs: str | Path | None = None) -> dict:
     """One reproduce run's verdict, re-derived from its stored records, beside the CLI's own."""
-    from statescope.verdict.reproduce import label_rows, load_arm_run, summarize_arm
+    from statescope.verdict.reproduce import label_rows, load_arm_run
+    from statescope.verdict.units import summarize_arm
     from statescope.verdict.stats import decide
     from statescope.workload.guilang import action_validator_for
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from statescope.share import decoded, leakcheck
-from statescope.share.scrub import Scrubber, SecretLeak, _apply, parameter_secrets
+from statescope.share.scrub import Scrubber, SecretLeak, apply_spans, parameter_secrets
 
 TEXT_SUFFIXES = (".html", ".md", ".json", ".txt", ".svg", ".csv")
 IMAGE_MIMES = ("image/png", "image/jpeg")
@@ -111,7 +111,7 @@ def _scrub_across_outputs(nb: Any, scrubber: Scrubber) -> None:
             edits.setdefault(i, []).append((max(start, a) - a, min(end, b) - a, repl if n == 0 else ""))
     for i, spans in edits.items():
         holder, key, text = pieces[i]
-        holder[key] = _apply(text, spans)
+        holder[key] = apply_spans(text, spans)
 
 
 def scrub_notebook(nb: Any, scrubber: Scrubber) -> Any:

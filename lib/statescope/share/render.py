@@ -132,7 +132,7 @@ def run_notebooks(names: list[str] | None = None, out_dir: str | Path = "reports
 HOOK_TAG = "statescope-manifest-hook"
 
 
-def _source_notebook(source: str | Path):
+def source_notebook(source: str | Path):
     """(stem, notebook node) for a notebook path (.py percent or .ipynb) or a name in notebooks/."""
     import jupytext
 
@@ -170,7 +170,7 @@ def render_for_sharing(source: str | Path, out_dir: str | Path = "reports/share"
 
     parameter_secrets(parameters)  # a credential value too short to scrub: refused before it runs
     environ = dict(os.environ if environ is None else environ)
-    stem, nb = _source_notebook(source)
+    stem, nb = source_notebook(source)
     out = Path(out_dir)
     out = (out if out.is_absolute() else REPO / out) / stem
     out.mkdir(parents=True, exist_ok=True)

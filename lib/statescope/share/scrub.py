@@ -197,7 +197,7 @@ def _piece_spans(pieces: list[tuple[int, int]], replacement: str) -> list[Span]:
     return [(a, b, replacement if i == 0 else "") for i, (a, b) in enumerate(pieces)]
 
 
-def _apply(text: str, spans: Iterable[Span]) -> str:
+def apply_spans(text: str, spans: Iterable[Span]) -> str:
     """Replace ``spans`` (overlaps merged; the longest span at a start gives the replacement)."""
     merged: list[list] = []
     for start, end, repl in sorted(spans, key=lambda s: (s[0], -s[1])):
@@ -281,17 +281,17 @@ class Scrubber:
     def scrub(self, text: str) -> str:
         if not isinstance(text, str) or not text:
             return text
-        text = _apply(text, self.spans(text))
+        text = apply_spans(text, self.spans(text))
         levels = decoded.unescaped_levels(text)
         if levels:  # escaped: find in the decoded text, replace the escaped original
             found = self.spans(levels[-1].text)
-            text = _apply(text, [(*decoded.to_source(levels, s, e), r) for s, e, r in found])
-        text = _apply(text, self.split_spans(text))
+            text = apply_spans(text, [(*decoded.to_source(levels, s, e), r) for s, e, r in found])
+        text = apply_spans(text, self.split_spans(text))
         n, backwards = len(text), text[::-1]
-        text = _apply(text, [(n - e, n - s, r) for s, e, r in self.value_spans(backwards)])
+        text = apply_spans(text, [(n - e, n - s, r) for s, e, r in self.value_spans(backwards)])
         runs = [(span, r) for span, data in decoded.base64_runs(text)
                 if (r := self._hidden_in(data)) is not None]
-        return _apply(text, [(s, e, r) for (s, e), r in runs])
+        return apply_spans(text, [(s, e, r) for (s, e), r in runs])
 
     def split_spans(self, text: str) -> list[Span]:
         """Secrets split by a line wrap, a tag, an ANSI colour code (also once unescaped): the
@@ -364,18 +364,3 @@ def find_secrets(text: str, known_values: Iterable[str] = ()) -> list[str]:
     hits += ["value of a credential-named environment variable" for v in known_values
              if len(v) >= MIN_SECRET_LEN and v in text]
     return sorted(set(hits))
-
-
-def check_file(path: str | Path, known_values: Iterable[str] = ()) -> None:
-    """Raise ``SecretLeak`` naming ``path`` and the pattern when a secret is in the file (in any
-    decoded view: ``statescope.share.leakcheck``)."""
-    from statescope.share.leakcheck import check_file as _check
-
-    _check(path, Scrubber({v: "?" for v in known_values if len(v) >= MIN_SECRET_LEN}))
-
-
-def check_tree(root: str | Path, environ: Mapping[str, str] | None = None) -> int:
-    """``statescope.share.leakcheck.check_tree``: every file and name under ``root``."""
-    from statescope.share.leakcheck import check_tree as _check
-
-    return _check(root, environ)

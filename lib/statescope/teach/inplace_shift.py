@@ -126,7 +126,7 @@ def check_matches_kernel(n: int = 64, tile: int = 16) -> LessonCheck:
     bad = []
     for s in range(1, n):
         flat = torch.arange(n, dtype=torch.uint8)
-        cpu_kernels._tiled_copy(flat, s, 0, n - s, tile)  # the kernel's own per-row routine
+        cpu_kernels.tiled_copy(flat, s, 0, n - s, tile)  # the kernel's own per-row routine
         ours = interleave(n, s, tile, "high_to_low")[-1]
         if not np.array_equal(flat.numpy()[:n - s], ours[:n - s]):
             bad.append(s)

@@ -29,6 +29,7 @@ from statescope.errors import InputError
 # the reported rate (16 of 288 requests corrupted with async scheduling; /work/shared/CONTEXT.md)
 REFERENCE_RATE = 16 / 288
 DEFAULT_POWER = 0.9
+CELL_ALPHA = 0.01  # the alpha every build or matrix cell's verdict uses (reproduce's default)
 
 
 def _check(n_trigger: int, n_control: int, alpha: float) -> None:

@@ -195,7 +195,7 @@ def check_reproduce(trigger: Any, control: Any, trace: Sequence[Any], *, store_r
                     episodes_per_lifetime: Any, alpha: Any) -> None:
     """Every check of the module docstring, in the order a user would fix them."""
     from statescope.engine.modeldir import check_model_dir
-    from statescope.verdict.reproduce import UNITS
+    from statescope.verdict.units import UNITS
 
     if unit not in UNITS:
         raise InputError(f"reproduce unit={unit!r}: expected one of {UNITS}")

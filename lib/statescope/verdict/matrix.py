@@ -22,7 +22,8 @@ from typing import Any
 
 from statescope.engine.config import EngineConfig
 from statescope.errors import InputError
-from statescope.verdict.reproduce import Arm, ArmRun, label_rows, run_arm, summarize_arm
+from statescope.verdict.reproduce import Arm, ArmRun, label_rows, run_arm
+from statescope.verdict.units import summarize_arm
 from statescope.verdict.stats import clopper_pearson
 from statescope.records import ResultsStore
 

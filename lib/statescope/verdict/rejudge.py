@@ -40,7 +40,8 @@ def arm_run_from_records(meta: dict, records: list[dict]) -> Any:
 def verdict_rows(metas: list[dict], records: list[dict], *, unit: str = "episode",
                  alpha: float = 0.01, label: str = "") -> list[dict]:
     """Trigger vs each control present: one row per pair with outcome, counts, p and guards."""
-    from statescope.verdict.reproduce import check_comparable, label_rows, summarize_arm
+    from statescope.verdict.reproduce import check_comparable, label_rows
+    from statescope.verdict.units import summarize_arm
     from statescope.verdict.stats import decide
     from statescope.workload.guilang import action_validator_for
 

@@ -36,10 +36,10 @@ from statescope.progress import progress_or_null
 from statescope.records import ResultsStore, config_hash, load_records, terminate_as_interrupt
 from statescope.verdict.detect import label_requests
 from statescope.verdict.stats import ArmSummary, ArmVerdict, decide
+from statescope.verdict.units import UNITS, failed_units, sequential_decision, summarize_arm  # noqa: F401 (re-export)
 from statescope.workload.trace import TraceStep, episodes_of, step_messages, trace_sha
 from statescope.records import rows_by_request
 
-UNITS = ("request", "episode", "engine_lifetime")
 LIFETIME_CHECKPOINT_S = 2.0  # an engine lifetime's counters are rewritten at most this often
 
 
@@ -118,7 +118,7 @@ def trace_next_step(trace: list[TraceStep], padder=None, replay: str | None = No
     return next_step
 
 
-def _padder_for(trace: list[TraceStep], engine):
+def padder_for(trace: list[TraceStep], engine):
     if not any(s.geometry for s in trace):
         return None
     from statescope.workload.geometry import GeometryPadder
@@ -239,7 +239,7 @@ def run_arm(arm: Arm, trace: list[TraceStep], store: ResultsStore, *, runner: st
     state = "failed"
     try:
         store.append_lifetime(life)
-        padder = _padder_for(trace, engine)
+        padder = padder_for(trace, engine)
         for start in range(0, len(episodes), chunk):
             if start:
                 engine.reset_prefix_cache()  # a new "lifetime": no state survives from before
@@ -320,47 +320,6 @@ def choose_action_validator(control_texts: Iterable[str], action_syntax: bool | 
     if action_syntax is None:
         return guilang.action_validator_for(control_texts)
     return guilang.is_valid_action if action_syntax else None
-
-
-def failed_units(labels: list[dict], unit: str) -> dict[Any, bool]:
-    """Unit of independence -> failed?, in first-seen order (a unit fails if any request did)."""
-    if unit not in UNITS:
-        raise InputError(f"unit={unit!r}: expected one of {UNITS}")
-    key = {"request": lambda l: (l["episode"], l["step"]), "episode": lambda l: l["episode"],
-           "engine_lifetime": lambda l: l["lifetime"]}[unit]
-    units: dict[Any, bool] = {}
-    for l in labels:
-        units[key(l)] = units.get(key(l), False) or l["failed"]
-    return units
-
-
-def summarize_arm(run: ArmRun, labels: list[dict], unit: str) -> ArmSummary:
-    units = failed_units(labels, unit)
-    m = run.metrics
-    return ArmSummary(name=run.arm.name, n_units=len(units), n_failed_units=sum(units.values()),
-                      unit=unit, prefix_cache_queries=m.get("prefix_cache_queries", 0),
-                      prefix_cache_hits=m.get("prefix_cache_hits", 0),
-                      spec_draft_tokens=m.get("spec_draft_tokens", 0),
-                      spec_accepted_tokens=m.get("spec_accepted_tokens", 0),
-                      resolved=run.resolved, expect_prefix_cache=run.arm.expect_prefix_cache,
-                      expect_spec=run.arm.expect_spec, n_requests=len(labels),
-                      engagement_sources={k: m[k] for k in ("prefix_cache_source", "spec_source")
-                                          if k in m})
-
-
-def sequential_decision(labels: list[dict], unit: str, p0: float = 0.001, p1: float = 0.056,
-                        alpha: float = 0.05, beta: float = 0.05) -> dict:
-    """Replay the trigger's units in completion order through Wald's SPRT: where a sequential run
-    would have stopped (first failure for a bad arm; ~52 clean units for a good one)."""
-    from statescope.verdict.stats import SPRT
-
-    units = failed_units(labels, unit)
-    test = SPRT(p0, p1, alpha, beta)
-    for failed in units.values():
-        if test.update(failed) != "continue":
-            break
-    return {"decision": test.decision, "units_used": test.n, "failures": test.k,
-            "units_available": len(units), "p0": p0, "p1": p1, "alpha": alpha, "beta": beta}
 
 
 @dataclass

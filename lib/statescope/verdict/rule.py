@@ -99,7 +99,7 @@ def seed_set_verdicts(result: Any, seed_sets: Sequence[Sequence[int]]) -> list[d
     """Each seed set's verdict of one reproduce run (episodes ``s<seed>-...``), from its labels;
     the guards' engagement counts are the whole run's (the engines served every set)."""
     from statescope.verdict.design import power_of
-    from statescope.verdict.reproduce import sequential_decision, summarize_arm
+    from statescope.verdict.units import sequential_decision, summarize_arm
     from statescope.verdict.stats import decide
 
     unit, alpha, rows = result.verdict.unit, result.verdict.alpha, []

@@ -54,7 +54,7 @@ from typing import Any, Callable
 from statescope.errors import InputError
 from statescope.records import config_hash, rows_by_request
 from statescope.verdict.detect import failure_reasons, label_requests
-from statescope.verdict.reproduce import (Arm, _padder_for, choose_action_validator,
+from statescope.verdict.reproduce import (Arm, padder_for, choose_action_validator,
                                           prepare_offline_arm, trace_next_step)
 from statescope.workload.trace import TraceStep, episodes_of, trace_sha
 
@@ -180,7 +180,7 @@ def run_workload(arm: Arm, work: Workload, pool: EnginePool, out: Path) -> dict:
     prepare_offline_arm(arm, out)
     t0 = time.perf_counter()
     runner = pool.get(config)
-    padder = _padder_for(work.trace, runner)
+    padder = padder_for(work.trace, runner)
     next_step = trace_next_step(work.trace, padder)
     history: dict[str, list[dict]] = {ep: [] for ep in work.order}
     max_tokens = max(s.max_tokens for s in work.trace)
