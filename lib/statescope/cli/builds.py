@@ -18,7 +18,7 @@ from typing import Any
 from statescope.builds.install import ensure_build, list_builds, remove_build
 from statescope.builds.run import build_matrix
 from statescope.cli.census import add_census_subcommand
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -197,7 +197,7 @@ def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") 
                         "configuration and trace (default: RUNS/controls)")
     p.add_argument("--fresh-controls", action="store_true",
                    help="run every cell's control arm, re-using none")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
 
 
 def add_build_subcommands(subparsers: Any) -> None:
@@ -213,9 +213,9 @@ def add_build_subcommands(subparsers: Any) -> None:
                      "| env:DIR | python:PATH (existing: checked, nothing installed)")
     add.add_argument("--force", action="store_true", help="reinstall (also retries a failed build)")
     add.add_argument("--installer", default="auto", help="auto | uv | pip")
-    add.add_argument("--json", action="store_true")
+    add_json_flag(add)
     lst = bsub.add_parser("list", epilog=exit_epilog(), help="installed builds")
-    lst.add_argument("--json", action="store_true")
+    add_json_flag(lst)
     rm = bsub.add_parser("remove", epilog=exit_epilog(),
                          help="delete build environments (exit 1 when one is not "
                               "installed, 2 for a spec that does not parse)")

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from statescope.cli.exit_codes import add_json_flag
 from statescope.errors import InputError
 from statescope.capture.census import census_report
 from statescope.capture.exercised import exercised, nothing_exercised  # noqa: F401 (tests import it here)
@@ -272,7 +273,7 @@ def add_capture_subcommands(subparsers: Any) -> None:
     c.add_argument("--seed", type=int, default=0, help="short workload: episode seed")
     c.add_argument("--copy-semantics", default=None,
                    help="CPU kernels' copy semantics, e.g. barrierless_tiles:8192 (planted fault)")
-    c.add_argument("--json", action="store_true")
+    add_json_flag(c)
     c.set_defaults(func=capture_command)
     s = subparsers.add_parser("census", help="copy census of a capture run",
                               epilog="exit status: 0 the census agrees with the copies done, 1 it "
@@ -283,7 +284,7 @@ def add_capture_subcommands(subparsers: Any) -> None:
     s.add_argument("--allow-incomplete", action="store_true",
                    help="count an incomplete capture (killed, engine error, fewer requests "
                         "finished than planned) anyway, with a warning; refused otherwise (exit 2)")
-    s.add_argument("--json", action="store_true")
+    add_json_flag(s)
     s.set_defaults(func=census_command)
     r = subparsers.add_parser("capture-recover",
                               help="emit the spooled steps a killed capture left unwritten and "
@@ -294,7 +295,7 @@ def add_capture_subcommands(subparsers: Any) -> None:
                                      "and diverge refuse it without --allow-incomplete), 2 bad "
                                      "input (not a capture run, an unreadable spool)")
     r.add_argument("run", help="capture run directory")
-    r.add_argument("--json", action="store_true")
+    add_json_flag(r)
     r.set_defaults(func=recover_command)
 
 

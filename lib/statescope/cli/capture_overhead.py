@@ -12,6 +12,8 @@ import argparse
 import json
 from typing import Any
 
+from statescope.cli.exit_codes import add_json_flag
+
 
 def _csv(value: str, where: str) -> tuple[str, ...]:
     items = tuple(x.strip() for x in value.split(",") if x.strip())
@@ -130,7 +132,7 @@ def add_capture_overhead_subcommand(subparsers: Any) -> None:
     p.add_argument("--sync-check", action="store_true",
                    help="add one digest round in CUDA's sync debug mode (statescope's synchronizing calls)")
     p.add_argument("--capture-dir", default=None, help="where the capture runs go (default: a temporary folder)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=capture_overhead_command)
     p.epilog = ("exit status: 0 every captured round completed cleanly, 1 some did not, 2 bad "
                 "input")

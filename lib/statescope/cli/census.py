@@ -22,7 +22,7 @@ from typing import Any
 
 from statescope.builds.census import BuildCensus, census_many
 from statescope.builds.census_sources import sources_dir
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 
 
 def _text(c: BuildCensus) -> str:
@@ -90,6 +90,6 @@ def add_census_subcommand(build_subparsers: Any) -> None:
     p.add_argument("--release", nargs="+", metavar="X.Y.Z",
                    help="PyPI releases, read from their wheels (fetched once with pip download)")
     p.add_argument("--no-fetch", action="store_true", help="--release: only the census cache")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.add_argument("--out", help="also write the JSON payload to this file")
     p.set_defaults(func=_cmd_census)

@@ -22,6 +22,7 @@ import argparse
 import json
 from typing import Any
 
+from statescope.cli.exit_codes import add_json_flag
 from statescope.diverge.conv_continuity import continuity_summary, conv_shift_check
 from statescope.diverge.report import DivergenceReport, divergence_report
 from statescope.diverge.report import open_capture as _open_run
@@ -176,7 +177,7 @@ def add_continuity_subcommand(subparsers: Any) -> None:
                    help="check an incomplete capture (killed, engine error, fewer requests "
                         "finished than planned) anyway, with a warning; without it such a run "
                         "is refused (exit 2)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=continuity_command)
     p.epilog = ("exit status: 0 every checked transition continues, 1 some break, 2 bad input, "
                 "an incomplete run (without --allow-incomplete), or no transition to check")

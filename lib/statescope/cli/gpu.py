@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 from statescope.errors import InputError
 from statescope.gpu.racecheck import (positive_int, preset_shift_classes, racecheck_table,
                                       require_cuda, sweep_shift_classes)
@@ -157,7 +157,7 @@ def add_gpu_results_subcommand(subparsers: Any) -> None:
                                           "data/results/gpu/e2e_patch_check for the accept_sync patch, "
                                           "data/results/gpu/overhead_graph_digest or "
                                           "overhead_compact_record for the capture's cost)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=gpu_results_command)
 
 
@@ -171,7 +171,7 @@ def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (splits conv_dim)")
     p.add_argument("--copies", type=int, default=100_000, help="copies per shift class")
     p.add_argument("--unpatched-only", action="store_true", help="skip the overlap-safe wrapper arm")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=racecheck_command)
     return p
 
@@ -225,5 +225,5 @@ def add_gpu_arm_subcommand(subparsers: Any) -> None:
     p.add_argument("--overhead", action="store_true", help="capture off vs digest rounds on the arm's engine")
     p.add_argument("--cpu", action="store_true", help="the CPU build (eager, no GPU settings)")
     p.add_argument("--eager", action="store_true", help="enforce_eager on a GPU (no CUDA graphs)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p)
     p.set_defaults(func=gpu_arm_command)

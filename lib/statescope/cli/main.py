@@ -17,7 +17,7 @@ import sys
 from statescope.cli.reproduce import cmd_reproduce
 from statescope.cli.workload import add_workload_subcommand
 from statescope.errors import InputError, StatescopeError
-from statescope.cli.exit_codes import add_missing_epilogs, exit_epilog
+from statescope.cli.exit_codes import EXIT_STATUS, add_json_flag, add_missing_epilogs, exit_epilog
 
 
 def _print(obj, as_json: bool) -> None:
@@ -83,7 +83,8 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0],
+                                epilog=EXIT_STATUS)
     p.add_argument("--version", action="version", version=f"statescope {_version()}")
     p.add_argument("--profile", default=None,
                    help="device profile for every engine this command starts: cpu | cuda | "
@@ -97,14 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="versions, model and a short start of the trigger config")
     d.add_argument("--model", default=None, help="model directory or name under data/models")
     d.add_argument("--no-engine", action="store_true", help="skip the engine start")
-    d.add_argument("--json", action="store_true")
+    add_json_flag(d)
     d.set_defaults(func=cmd_doctor)
     w = sub.add_parser("workbook",
                        epilog=exit_epilog('a notebook failed'),
                        help="execute notebooks headless and render HTML to reports/")
     w.add_argument("notebooks", nargs="*", help="notebook names (default: all in notebooks/)")
     w.add_argument("--out", default="reports")
-    w.add_argument("--json", action="store_true")
+    add_json_flag(w)
     w.set_defaults(func=cmd_workbook)
     add_workload_subcommand(sub)
     r = sub.add_parser("reproduce",
@@ -159,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "max_num_seqs (default: their own, 32)")
     r.add_argument("--runs", default="runs")
     r.add_argument("--run-id")
-    r.add_argument("--json", action="store_true")
+    add_json_flag(r)
     r.set_defaults(func=cmd_reproduce)
     # one module per command family; each registers its own subcommands
     from statescope.cli.bisect import add_bisect_subcommands

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from statescope.cli.exit_codes import add_json_flag
 from statescope.errors import InputError
 
 
@@ -167,10 +168,10 @@ def add_shrink_subcommands(sub: Any) -> None:
                                                   "of >= 2 first)")
     s.add_argument("--out", help="the run folder (resumable; default runs/shrink-<trace sha>)")
     s.add_argument("--runs", default="runs")
-    s.add_argument("--json", action="store_true")
+    add_json_flag(s)
     s.set_defaults(func=cmd_shrink)
     e = sub.add_parser("export-repro", help="a standalone plain-vLLM script of a shrunk workload")
     e.add_argument("shrunk", help="a shrink run folder")
     e.add_argument("--out", required=True, help="the folder for repro.py and README.md")
-    e.add_argument("--json", action="store_true")
+    add_json_flag(e)
     e.set_defaults(func=cmd_export_repro)

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from statescope.errors import InputError
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -99,5 +99,5 @@ def add_workload_subcommand(sub: Any) -> None:
     wl.add_argument("--max-line-bytes", type=int, default=None, help="with import: cap of one log line")
     wl.add_argument("--max-trace-bytes", type=int, default=None, help="with import: cap of the trace")
     wl.add_argument("--out", default="runs/trace.jsonl")
-    wl.add_argument("--json", action="store_true")
+    add_json_flag(wl)
     wl.set_defaults(func=cmd_workload)
