@@ -166,3 +166,47 @@ def test_rendered_notebooks_carry_no_stderr_box_for_benign_warnings(tmp_path, ke
     assert "result line" in html and "something the user must see" in html
     assert ("NUMA binding" in html) is keep  # --verbose keeps it
     assert "2/2 cells" in lines.getvalue()  # the cell bar advanced
+
+
+KERNEL_NOTEBOOK = f'''# %%
+import os, subprocess, sys
+from statescope import quiet
+from statescope.progress import NotebookProgress
+assert quiet.in_notebook()
+numa = {NUMA.replace("NUMA binding", "NUMA" + "@")!r}.replace("@", " binding")  # not in the source
+
+# %%
+os.write(2, (numa + "\\\\n").encode())  # C++-style, straight to the kernel's fd 2
+subprocess.run([sys.executable, "-c", f"import sys; print({{numa!r}}, file=sys.stderr)"])  # a child
+print(numa, file=sys.stderr)
+print({REAL!r}, file=sys.stderr, flush=True)
+bar = NotebookProgress(4, "work")
+bar.note("starting")
+for _ in range(4):
+    bar.advance()
+bar.close()
+
+# %%
+import time
+time.sleep(1.0)  # the kernel forwards file-descriptor output from a thread
+'''
+
+
+def test_in_notebook_filters_the_live_kernel_and_notebook_progress_draws_html(tmp_path):
+    """A real kernel (nbclient), outputs not cleaned afterwards (keep_warnings): what the live
+    notebook shows. Benign lines of the kernel, its fd 2 and a child are gone; a real one is kept;
+    the progress bar is one HTML output in its final state, nothing on stderr."""
+    import nbformat
+
+    from statescope.share.render import run_notebook
+
+    src = tmp_path / "kernel.py"
+    src.write_text(KERNEL_NOTEBOOK)
+    result = run_notebook(src, tmp_path / "out", keep_warnings=True)
+    assert result["ok"], result["error"]
+    html = (tmp_path / "out" / "kernel.html").read_text()
+    assert "NUMA binding" not in html
+    assert "something the user must see" in html
+    assert "work: [########################]  4/4 requests  100%" in html
+    assert "starting" in html and "<progress" in html
+    assert quiet.in_notebook() is False  # not in a kernel here

@@ -5,7 +5,8 @@ What it does: ``Progress(total, label, unit)`` draws one status line on stderr a
 file one line per tenth of the work (or every 30 s), so CI logs stay short. ``note`` prints a
 one-off stage line ("starting the trigger engine") above the bar. ``NullProgress`` has the same
 methods and does nothing: library code takes an optional progress object and never prints on its
-own, so notebooks show only what they display.
+own, so notebooks show only what they display. ``NotebookProgress`` is the same bar as an HTML
+output of a notebook cell, updated in place, for a notebook to pass into a long call.
 
 The ETA is the rate so far times what is left; the rate's clock starts at the first ``advance``
 (work done before — a resumed run's, ``start_from`` — does not count) and stops from a ``note``
@@ -73,14 +74,17 @@ class Progress:
     def note(self, text: str) -> None:
         """A stage line above the bar (the bar is redrawn under it on a terminal)."""
         with self._lock:
-            if self.tty and self._drawn:
-                self.stream.write("\r\x1b[2K")
-            self.stream.write(f"{self.label + ': ' if self.label else ''}{text}\n")
-            self.stream.flush()
-            self._drawn = False
+            self._emit_note(text)
             if self._rate_t0 is not None and self._pause_from is None:
                 self._pause_from = time.monotonic()
         self._draw(force=True)
+
+    def _emit_note(self, text: str) -> None:
+        if self.tty and self._drawn:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(f"{self.label + ': ' if self.label else ''}{text}\n")
+        self.stream.flush()
+        self._drawn = False
 
     def close(self) -> None:
         self._draw(force=True, final=True)
@@ -134,6 +138,52 @@ class Progress:
                 self.stream.write(self.line() + "\n")
             self._last_draw = now
             self.stream.flush()
+
+
+class NotebookProgress(Progress):
+    """``Progress`` for a notebook cell: the same counting, line and ETA, drawn as one HTML output
+    of the running cell (an HTML ``<progress>`` bar, the status line, the last stage notes) that is
+    updated in place (a display id) at most 4 times a second. It writes nothing on stderr (no red
+    box) and needs no widget manager: a headless run (nbclient, ``statescope render``) keeps its
+    last state as plain HTML, so a rendered page shows how long the cell took."""
+
+    NOTES = 3  # stage lines kept under the bar (the latest)
+
+    def __init__(self, total: int, label: str = "", unit: str = "requests") -> None:
+        import io
+
+        super().__init__(total, label, unit, stream=io.StringIO(), tty=True)
+        self.notes: list[str] = []
+        self._handle = None
+
+    def _emit_note(self, text: str) -> None:
+        self.notes = (self.notes + [text])[-self.NOTES:]
+
+    def html(self) -> str:
+        import html
+
+        value = min(self.done, self.total) if self.total else 0
+        notes = "".join(f"<div style='color:#666'>{html.escape(n)}</div>" for n in self.notes)
+        return (f"<div class='statescope-progress'><progress value='{value}' "
+                f"max='{max(self.total, 1)}' style='width:18em'></progress> "
+                f"<code>{html.escape(self.line())}</code>{notes}</div>")
+
+    def _draw(self, force: bool = False, final: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last_draw < 0.25:
+                return
+            self._last_draw = now
+            from IPython.display import HTML, display
+
+            shown = HTML(self.html())
+            if self._handle is None:
+                self._handle = display(shown, display_id=True)
+            else:
+                self._handle.update(shown)
+
+    def close(self) -> None:
+        self._draw(force=True, final=True)
 
 
 class NullProgress:

@@ -15,6 +15,9 @@ report). Three ways in:
   that drops benign lines: catches C++ warnings and child processes that inherit the descriptor
   (notebook kernels, engine cores). At interpreter exit the descriptor is pointed at
   ``/dev/null`` after a last flush, so the finalisation-time nanobind report is dropped too.
+* ``in_notebook()`` — both of the above (and the kernel's ``sys.stderr``) for the lifetime of a
+  Jupyter kernel, called in a notebook's first code cell: the live notebook shows no stderr box
+  for these lines either.
 * ``clean_notebook(nb)`` — the stream outputs of an executed notebook without those lines (an
   output left empty is removed): no stderr box for them in a rendered notebook.
 
@@ -135,12 +138,9 @@ def _pump(read_fd: int, out_fd: int) -> None:
         os.write(out_fd, buf)
 
 
-@contextlib.contextmanager
-def filtered_stderr() -> Iterator[None]:
-    """Route file descriptor 2 (this process and its children) through the benign-line filter."""
-    if _state["active"]:
-        yield
-        return
+def _route_fd2() -> None:
+    """Point file descriptor 2 at a pipe whose reader thread passes on the non-benign lines to
+    what fd 2 was before (a terminal, a log file, or a Jupyter kernel's own capture pipe)."""
     sys.stderr.flush()
     real = os.dup(2)
     read_fd, write_fd = os.pipe()
@@ -171,10 +171,82 @@ def filtered_stderr() -> Iterator[None]:
         os.dup2(devnull, 2)
 
     atexit.register(silence_finalisation)
+    _state["restore"] = restore
+
+
+@contextlib.contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """Route file descriptor 2 (this process and its children) through the benign-line filter."""
+    if _state["active"]:
+        yield
+        return
+    _route_fd2()
     try:
         yield
     finally:
-        restore()
+        _state["restore"]()
+
+
+class _FilteredStream:
+    """A Python-level text stream (a kernel's ``sys.stderr``) that drops benign lines: complete
+    lines are filtered, a partial one is held until its newline (or a flush), and an in-place
+    redraw (``\r``, tqdm) is passed on at once unless it is benign."""
+
+    def __init__(self, stream) -> None:
+        self._stream, self._buf, self._lines = stream, "", _LineFilter()
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        out = "".join(line + "\n" for line in lines if self._lines.keep(line.replace("\r", "")))
+        if self._buf.startswith("\r"):
+            if not is_benign(self._buf):
+                out += self._buf
+            self._buf = ""
+        if out:
+            self._stream.write(out)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._buf and not is_benign(self._buf):
+            self._stream.write(self._buf)
+        self._buf = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, the kernel's own methods
+        return getattr(self._stream, name)
+
+
+def in_notebook() -> bool:
+    """In a Jupyter kernel, hide the known-benign lines of this process and of the engine
+    processes it starts, as the command line does: the ``vllm`` logger's filter, the kernel's
+    ``sys.stderr`` (Python warnings, in-process progress bars) and file descriptor 2 (C++ warnings
+    such as PyTorch's NUMA note, and every child process, which inherits it; the kernel forwards
+    what reaches its own fd 2 into the cell's output). Call it in a notebook's first code cell,
+    before an engine starts. Does nothing (returns False) outside a kernel or with
+    ``STATESCOPE_VERBOSE=1``; idempotent (True once installed)."""
+    if os.environ.get("STATESCOPE_VERBOSE") == "1" or "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    if get_ipython() is None or not hasattr(get_ipython(), "kernel"):
+        return False
+    install_log_filter()
+    if not isinstance(sys.stderr, _FilteredStream):
+        sys.stderr = _FilteredStream(sys.stderr)
+    if not _state["active"]:
+        try:
+            os.fstat(2)
+        except OSError:  # a kernel started without a descriptor 2: nothing inherits one
+            return True
+        _route_fd2()
+    return True
 
 
 def clean_notebook(nb) -> int:
