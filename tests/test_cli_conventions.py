@@ -70,7 +70,7 @@ def _tree():
 
 
 # issue 32 item 5: --json is still to be added to these three (human output only so far)
-WITHOUT_JSON_YET = {"statescope releases", "statescope model-check"}
+WITHOUT_JSON_YET = {"statescope releases"}
 
 
 def test_every_command_states_its_exit_status_and_every_report_has_a_described_json():
@@ -85,3 +85,16 @@ def test_every_command_states_its_exit_status_and_every_report_has_a_described_j
             assert flags, f"{name}: a report command without --json"
     help_text = " ".join(tree[0][1].format_help().split())
     assert "exit status: 0 clean" in help_text
+
+
+def test_model_check_human_form_is_a_few_lines():
+    from statescope.cli.models import model_check_text
+
+    res = {"architecture": "A", "draft_architecture": "D", "engine": "vllm 0.28.0 on cpu",
+           "block_size": 128, "mamba_block_size": 128, "requests": 75, "valid": 1.0,
+           "correct": 0.98, "acceptance": 0.76, "prefix_cache_hit_rate": 0.46,
+           "fault_sensitivity": {"changed": {"zero_conv/all": {"changed": 2, "eligible": 64},
+                                             "zero_ssm/all": {"changed": 0, "eligible": 64}}}}
+    text = model_check_text(res)
+    assert len(text.splitlines()) == 4 and "{" not in text
+    assert "valid 100.0 %, correct 98.0 %" in text and "2/128 answers changed" in text

@@ -1,8 +1,8 @@
 """``statescope model-check`` and ``statescope vision-probe``: tiny models measured through a real
 vLLM engine.
 
-What it does: ``model-check`` prints ``statescope.models.tiny_vllm.check_model``'s JSON (also
-written to ``--out``): validity, correctness, MTP acceptance, prefix-cache hit rate, block sizes,
+What it does: ``model-check`` prints a few lines of ``statescope.models.tiny_vllm.check_model``'s
+result (``--json``: the whole JSON, also written to ``--out``): validity, correctness, MTP acceptance, prefix-cache hit rate, block sizes,
 and the planted-fault / cached-state sensitivities. ``vision-probe`` prints
 ``statescope.verdict.vision_probe.vision_probe``'s result in a few lines (``--json``: all of it;
 written to ``--out``; progress on stderr): whether screenshots
@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 
 
 def model_check_command(args: argparse.Namespace) -> int:
@@ -27,13 +27,36 @@ def model_check_command(args: argparse.Namespace) -> int:
     text = json.dumps(res, indent=1)
     if args.out:
         Path(args.out).write_text(text)
-    print(text)
+    print(text if args.json else model_check_text(res))
     return 0
+
+
+def model_check_text(res: dict) -> str:
+    """The check's headline numbers in a few lines (``--json`` / ``--out`` have everything)."""
+    def pct(x: Any) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f} %"
+
+    lines = [f"model-check: {res.get('architecture')} + {res.get('draft_architecture')} on "
+             f"{res.get('engine')} (block {res.get('block_size')}, mamba block "
+             f"{res.get('mamba_block_size')})",
+             f"  {res.get('requests')} requests: valid {pct(res.get('valid'))}, correct "
+             f"{pct(res.get('correct'))}, draft acceptance {pct(res.get('acceptance'))}, "
+             f"prefix-cache hit rate {pct(res.get('prefix_cache_hit_rate'))}"]
+    for key in ("fault_sensitivity", "fault_sensitivity_no_mtp"):
+        changed = (res.get(key) or {}).get("changed") or {}
+        if changed:
+            hit = sum(v.get("changed", 0) for v in changed.values())
+            of = sum(v.get("eligible", 0) for v in changed.values())
+            lines.append(f"  {key.replace('_', ' ')}: {hit}/{of} answers changed by planted faults")
+    lines.append("  (--json: the whole result)")
+    return "\n".join(lines)
 
 
 def add_model_check_subcommand(subparsers: Any) -> None:
     p = subparsers.add_parser("model-check",
-                              epilog=exit_epilog(),
+                              epilog=exit_epilog("the engine could not start or run the model (the "
+                                                 "measurements themselves are information: no "
+                                                 "pass/fail threshold)"),
                               help="measure a trained tiny model through real vLLM "
                                                   "(validity, acceptance, state sensitivity)")
     p.add_argument("--model", default="data/models/tiny-gui")
@@ -45,6 +68,7 @@ def add_model_check_subcommand(subparsers: Any) -> None:
                    help="output tokens before the planted fault acts (sequence values: ~10 = mid-value)")
     p.add_argument("--prefix-episodes", type=int, default=0,
                    help="held-out episodes for the perturbed-cached-state sensitivity (0: skip)")
+    add_json_flag(p, help="print the whole result as JSON on stdout (default: a few lines)")
     p.set_defaults(func=model_check_command)
 
 
