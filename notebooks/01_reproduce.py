@@ -24,6 +24,11 @@
 # prefix cache or never accepted a draft.
 
 # %%
+from statescope import quiet
+quiet.in_notebook()  # known-benign library warnings (NUMA note, checkpoint bars) stay hidden
+from statescope.progress import NotebookProgress  # the bar of the long cells below
+
+# %%
 from statescope.verdict import Experiment
 from statescope.verdict import reproduce as rp
 from statescope.workload import preset_trace
@@ -37,7 +42,8 @@ trigger, control = Experiment(control="reference").arms()  # what `statescope re
 # complete, so an interrupted run resumes).
 
 # %%
-result = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("repro"))
+result = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("repro"),
+                      progress=NotebookProgress(2 * len(trace), "reproduce"))  # both arms
 result
 
 # %% [markdown]
@@ -63,7 +69,8 @@ from statescope.patches import FaultSpec
 
 trigger.fault = FaultSpec(kind="nan_conv", rate=1.0, at_output_token=1, layers=[0])
 planted = rp.reproduce(trigger, control, trace, store_root="runs", run_id=new_run_id("planted"),
-                       control_run=result.control, unit="request")
+                       control_run=result.control, unit="request",
+                       progress=NotebookProgress(len(trace), "planted"))  # the trigger arm only
 planted
 
 # %%

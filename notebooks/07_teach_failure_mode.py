@@ -31,6 +31,8 @@ walk_tokens = 32
 model = None  # None = the embedded default (data/models/tiny-gui)
 
 # %%
+from statescope import quiet
+quiet.in_notebook()  # known-benign library warnings (NUMA note, checkpoint bars) stay hidden
 from statescope.teach import Lesson, varied_prompt
 lesson = Lesson(model)
 lesson.summary()
