@@ -44,15 +44,53 @@ def test_stdout_guard_lets_a_value_error_through_unchanged(monkeypatch, has_file
 
 @pytest.mark.engine
 def test_a_value_error_at_engine_start_reaches_the_user_verbatim(tmp_path):
-    # vLLM's own SchedulerConfig (pydantic) rejects this while the control engine starts
+    # a cross-field rule only vLLM's own SchedulerConfig checks (max_num_batched_tokens >=
+    # max_num_seqs = 32): past statescope's per-field check, refused while the control starts
     proc = _cli("reproduce", "--preset", "smoke", "--control", "reference", "--runs", str(tmp_path),
-                "--control-set", 'extra={"max_num_batched_tokens": -5}')
+                "--control-set", 'extra={"max_num_batched_tokens": 8}')
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "generator didn't stop" not in proc.stderr
     err = [l for l in proc.stderr.splitlines() if l.startswith("statescope reproduce:")]
-    assert err and "vLLM engine start failed: ValidationError" in err[0], proc.stderr[-2000:]
-    assert "max_num_batched_tokens" in proc.stderr and "greater than or equal to 1" in proc.stderr
+    assert err and "vLLM engine start failed:" in err[0], proc.stderr[-2000:]
+    assert "max_num_batched_tokens (8)" in proc.stderr and "max_num_seqs" in proc.stderr
     assert "engine arguments:" in proc.stderr  # what was asked, beside what vLLM said
+
+
+def test_vllm_choices_are_vllms_own_literals():
+    import typing
+    from vllm.config.cache import MambaCacheMode, MambaDType
+    from vllm.config.model import ModelDType
+    from statescope.engine.overrides import VLLM_CHOICES
+
+    assert set(VLLM_CHOICES["dtype"]) == set(typing.get_args(ModelDType))
+    assert set(VLLM_CHOICES["mamba_ssm_cache_dtype"]) == set(typing.get_args(MambaDType))
+    assert set(VLLM_CHOICES["mamba_cache_mode"]) == {*typing.get_args(MambaCacheMode), None}
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"max_num_batched_tokens": -5}, ">= 1 (vLLM"),
+    ({"max_num_batched_tokenz": 5}, "did you mean max_num_batched_tokens"),
+    ({"max_num_seqs": "many"}, "expected int | None"),
+    ({"enforce_eager": "maybe"}, "expected bool")])
+def test_bad_extra_is_refused_before_any_engine_starts(extra, words):
+    import time
+    import psutil
+    from vllm import LLM  # noqa: F401  (what the engine imports anyway; not timed)
+    from statescope.engine.config import EngineConfig
+    from statescope.engine.offline import OfflineEngine
+    from statescope.engine.server import VllmServer
+    from statescope.engine.vllm_types import check_with_vllm
+
+    check_with_vllm(EngineConfig())  # the defaults pass (and the field tables are built)
+    check_with_vllm(EngineConfig(), server=True)
+    name = next(iter(extra))
+    for start in (OfflineEngine, VllmServer):
+        t0 = time.perf_counter()
+        with pytest.raises(InputError) as info:
+            start(EngineConfig(extra=extra))
+        assert time.perf_counter() - t0 < 5
+        assert f"extra[{name!r}]" in str(info.value) and words in str(info.value)
+        assert psutil.Process().children(recursive=True) == []  # no server, no engine core
 
 
 # --- engagement guards: the best source, named ----------------------------------------------

@@ -127,6 +127,10 @@ class OfflineEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", log_level)
         self.profile = profile if isinstance(profile, DeviceProfile) else choose_profile(profile)
         vllm = import_vllm()
+        # every engine argument against vLLM's own types and bounds, before anything is applied
+        from statescope.engine.vllm_types import check_with_vllm
+
+        check_with_vllm(profiled(config, self.profile), where="engine settings")
         self.profile_applied = apply_in_process(self.profile)
         from statescope.plugin import register
 

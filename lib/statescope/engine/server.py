@@ -255,6 +255,10 @@ class VllmServer:
             raise InputError(f"VllmServer config: expected an EngineConfig, got {type(config).__name__}")
         check_model_dir(config.model)
         self.profile = profile if isinstance(profile, DeviceProfile) else choose_profile(profile)
+        if python is None or python == sys.executable:  # another interpreter: another vLLM
+            from statescope.engine.vllm_types import check_with_vllm
+
+            check_with_vllm(profiled(config, self.profile), server=True, where="engine settings")
         self.config, self.host = config, host
         self.port = int(port) if port else free_port(host)
         self.url = f"http://{host}:{self.port}"
