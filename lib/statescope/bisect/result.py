@@ -125,6 +125,7 @@ class BisectResult:
         fig.update_layout(title=f"{marks}{self.method} bisection ({self.mode}): {self.answer} "
                                 f"(mass {self.confidence:.2f}, {self.requests_used} requests)",
                           xaxis_title="change location (first item after the change)",
-                          yaxis_title="after probe #", height=260 + 14 * len(z), width=760)
+                          yaxis_title="after probe #", height=260 + 14 * len(z), width=760,
+                          yaxis={"tick0": 0, "dtick": 1})  # whole probes, no ticks at 0.5
         fig.update_xaxes(type="category")
         return fig

@@ -295,10 +295,17 @@ class DivergenceReport:
         marks = [(s, "shift", "orange") for s in ev.get("shift_steps", [])]
         marks += [(s, "post-process copy", "white") for s in ev.get("postprocess_copy_steps", [])]
         marks.append((rec["first_step"], "first divergence", "red"))
+        # each kind of mark is labelled once, each label at its own height: adjacent steps'
+        # labels would otherwise print over one another
+        levels = {"first divergence": 1.0, "post-process copy": 0.9, "shift": 0.8}
+        labelled: set[str] = set()
         for step, label, colour in marks:
             if step in where.index:
-                fig.add_vline(x=float(where[step]), line_color=colour, line_dash="dot",
-                              annotation_text=label, annotation_position="top left")
+                words = {} if label in labelled else {
+                    "annotation_text": label, "annotation_position": "top left",
+                    "annotation_y": levels[label]}
+                labelled.add(label)
+                fig.add_vline(x=float(where[step]), line_color=colour, line_dash="dot", **words)
 
 
 REPR_ROWS, REPR_HTML_ROWS = 8, 40  # rows a report shows of itself in a terminal / a notebook

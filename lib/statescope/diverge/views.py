@@ -130,12 +130,25 @@ def request_timeline(run: Any, req_id: str, report: Any = None):
                                  mode="markers", marker={"symbol": "diamond", "size": 10},
                                  name="copies (census)"))
     hits = int(mine["prefix_hit_tokens"].fillna(0).max()) if "prefix_hit_tokens" in mine else 0
-    if hits:
-        fig.add_vline(x=hits, line_dash="dot", annotation_text=f"prefix hit ({hits} tokens)")
+    if hits:  # below the first divergence's label, so the two never share a spot
+        fig.add_vline(x=hits, line_dash="dot", annotation_text=f"prefix hit ({hits} tokens)",
+                      annotation_position="top right", annotation_y=0.9)
     lo, hi = int(starts.min()), int(ends.max())
-    for b in range((lo // bs + 1) * bs if bs else hi + 1, hi + 1, bs or 1):
-        fig.add_vline(x=b - 0.5, line_color="grey", annotation_text=f"block boundary {b}",
-                      annotation_position="bottom left")
+    view = (max(lo, hi - 40) - 1, hi + 2)
+    bounds = list(range((lo // bs + 1) * bs if bs else hi + 1, hi + 1, bs or 1))
+    for b in bounds:
+        fig.add_vline(x=b - 0.5, line_color="grey")
+    # block numbers go on the axis ticks (one label per boundary, never stacked at one height);
+    # every k-th boundary when the window shows more than 12
+    shown = [b for b in bounds if view[0] <= b - 0.5 <= view[1]]
+    shown = shown[::-(-len(shown) // 12)] if shown else shown
+    if len(shown) >= 2:
+        fig.update_xaxes(tickvals=[b - 0.5 for b in shown],
+                         ticktext=[f"{b}<br>block {b // bs}" for b in shown])
+    elif shown:  # one boundary in view: the default ticks stay, one label names it
+        fig.add_annotation(x=shown[0] - 0.5, y=0, yref="paper", yanchor="bottom", xanchor="right",
+                           showarrow=False, text=f"block boundary {shown[0]}")
+        shown = []
     first = None if report is None else next(
         (r for r in report.diverged if r["req_id"] == req_id), None)
     if first is not None:
@@ -145,10 +158,11 @@ def request_timeline(run: Any, req_id: str, report: Any = None):
         fig.add_vline(x=x, line_color="red", line_width=3, annotation_position="top left",
                       annotation_text=f"first divergence: step {first['first_step']}, "
                                       f"{'+'.join(first['kinds'])}")
-    fig.update_layout(title=f"request {req_id}: steps by token position", height=380,
-                      xaxis_title="token position", barmode="overlay",
-                      legend={"orientation": "h", "y": -0.3},
-                      xaxis_range=[max(lo, hi - 40) - 1, hi + 2])
+    fig.update_layout(title=f"request {req_id}: steps by token position", height=400,
+                      xaxis_title="token position" + (
+                          " (ticks: block boundaries, the block starting there)" if shown else ""),
+                      yaxis_title="event", barmode="overlay",
+                      legend={"orientation": "h", "y": -0.35}, xaxis_range=list(view))
     return fig
 
 

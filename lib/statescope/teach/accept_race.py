@@ -128,10 +128,15 @@ def poison_figure(timeline: pd.DataFrame) -> Any:
     import plotly.graph_objects as go
 
     colours = ["#cf222e" if c > 0 else "#0969da" for c in timeline.cached_tokens]
-    fig = go.Figure(go.Bar(x=[f"{i}: {r}" for i, r in enumerate(timeline.request)],
-                           y=timeline["'!' (token 0) share"], marker_color=colours))
+    share = timeline["'!' (token 0) share"]
+    # a clean request has a zero-height bar: its label says "0 (clean)" so it never reads as missing
+    fig = go.Figure(go.Bar(x=[f"{i}: {r}" for i, r in enumerate(timeline.request)], y=share,
+                           marker_color=colours, textposition="outside", cliponaxis=False,
+                           text=["0 (clean)" if v == 0 else f"{v:.0%}" for v in share]))
     fig.update_layout(title="share of '!' (token 0) per later request: red = prefix-cache hit, blue = miss",
-                      height=320, width=900, yaxis_range=[0, 1.05], margin=dict(t=50, b=80))
+                      height=360, width=900, yaxis_range=[0, 1.15], margin=dict(t=50, b=80),
+                      xaxis_title="later request (in the order run)",
+                      yaxis_title="share of '!' (token 0)", yaxis_tickformat=".0%")
     return fig
 
 

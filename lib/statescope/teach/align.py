@@ -45,13 +45,17 @@ def block_table_figure(run: Any, req_id: str | None = None) -> Any:
     running = np.zeros_like(grid)
     for i, col in enumerate(table.running_col):
         running[i, int(col)] = 1
+    # the colour is two-valued (running column or not): a two-tick colorbar names both colours
     fig = go.Figure(go.Heatmap(z=running, text=grid.astype(int), texttemplate="%{text}",
-                               colorscale=[[0, "#f0f0f0"], [1, "#f4a261"]], showscale=False,
+                               colorscale=[[0, "#f0f0f0"], [1, "#f4a261"]], zmin=0, zmax=1,
+                               colorbar={"title": {"text": "column"}, "tickvals": [0, 1],
+                                         "ticktext": ["other", "running"], "len": 0.6},
                                x=[f"col {c} (tokens {c}·bs…)" for c in range(width)],
                                y=[f"step {s}" for s in table.step]))
-    fig.update_layout(height=60 + 28 * len(table), width=700, yaxis_autorange="reversed",
+    fig.update_layout(height=140 + 28 * len(table), width=760, yaxis_autorange="reversed",
                       title="Mamba block table (physical block ids); orange = running column",
-                      margin=dict(t=50, b=20))
+                      xaxis_title="block-table column (group 0)", yaxis_title="request step",
+                      margin=dict(t=50, b=50))
     return fig
 
 

@@ -85,7 +85,8 @@ def animation(n: int = 32, shift: int = 8, tile: int = 16, order: str = "high_to
 
     last = frames[-1]  # the figure opens on the end result (what a static render shows)
     base = go.Heatmap(z=z(last), text=text(last), texttemplate="%{text}", colorscale="Viridis",
-                      showscale=False, y=["memmove (correct)", f"{order} (live)"])
+                      colorbar={"title": {"text": "source byte"}, "len": 0.8},
+                      y=["memmove (correct)", f"{order} (live)"])
     fig = go.Figure(base, frames=[go.Frame(data=[go.Heatmap(z=z(f), text=text(f))], name=str(k))
                                   for k, f in enumerate(frames)])
     steps = [{"args": [[str(k)], {"frame": {"duration": 0, "redraw": True}, "mode": "immediate"}],
@@ -94,7 +95,7 @@ def animation(n: int = 32, shift: int = 8, tile: int = 16, order: str = "high_to
         title=f"left shift by {shift} B in a {n} B window, {tile} B tiles, {order}: "
               f"{wrong_bytes(frames[-1], shift)} wrong bytes (✗)",
         height=320, width=900, margin=dict(t=60, b=40), yaxis_autorange="reversed",
-        xaxis_title="byte in the window (label = source byte it holds)",
+        xaxis_title="byte in the window (label = source byte it holds)", yaxis_title="copy",
         updatemenus=[{"type": "buttons", "x": 0, "y": -0.35, "buttons": [
             {"label": "play", "method": "animate",
              "args": [None, {"frame": {"duration": 120, "redraw": True}, "fromcurrent": True}]}]}],

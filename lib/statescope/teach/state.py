@@ -40,20 +40,35 @@ class Walk:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.25, 0.35],
-                            subplot_titles=("conv window (3 rows)",
+        # wide gaps: each heatmap's colorbar sits in the gap right of its own panel
+        fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.25, 0.35], horizontal_spacing=0.15,
+                            subplot_titles=(f"conv window ({self.conv.shape[1]} rows)",
                                             "recurrent state (corner)",
                                             "relative change per token"))
-        fig.add_trace(go.Heatmap(z=self.conv[t, :, :CHANNELS], colorscale="RdBu", zmid=0,
-                                 showscale=False, name="conv"), 1, 1)
-        fig.add_trace(go.Heatmap(z=self.ssm[t, 0, :32, :32], colorscale="RdBu", zmid=0,
-                                 showscale=False, name="ssm"), 1, 2)
+        conv_rows = [f"row {i}" + (" (oldest)" if i == 0 else "") for i in range(self.conv.shape[1])]
+        fig.add_trace(go.Heatmap(z=self.conv[t, :, :CHANNELS], y=conv_rows, coloraxis="coloraxis",
+                                 name="conv"), 1, 1)
+        fig.add_trace(go.Heatmap(z=self.ssm[t, 0, :32, :32], coloraxis="coloraxis2", name="ssm"), 1, 2)
         fig.add_trace(go.Scatter(y=self.change, mode="lines", name="change"), 1, 3)
         fig.add_trace(go.Scatter(x=[t], y=[self.change[t]], mode="markers", marker_size=12,
                                  name="token t"), 1, 3)
-        fig.update_layout(height=330, width=840, showlegend=False, margin=dict(t=50, b=30),
-                          title=f"GDN layer {self.layer} after token {t} (id {self.tokens[t]})")
-        fig.update_yaxes(autorange="reversed", row=1, col=1)
+
+        def bar(col: int, title: str) -> dict:
+            right = fig.layout[f"xaxis{'' if col == 1 else col}"].domain[1]
+            return {"colorscale": "RdBu", "cmid": 0, "colorbar": {
+                "title": {"text": title, "side": "right"}, "x": right + 0.005, "xanchor": "left",
+                "thickness": 10, "len": 0.8}}
+
+        fig.update_layout(height=360, width=980, showlegend=False, margin=dict(t=90, b=50, l=110),
+                          title={"text": f"GDN layer {self.layer} after token {t} (id {self.tokens[t]})",
+                                 "y": 0.97, "yanchor": "top"},
+                          coloraxis=bar(1, "conv value"), coloraxis2=bar(2, "state value"))
+        fig.update_xaxes(title_text="channel", row=1, col=1)
+        fig.update_yaxes(title_text="conv row", autorange="reversed", row=1, col=1)
+        fig.update_xaxes(title_text="key dim", row=1, col=2)
+        fig.update_yaxes(title_text="value dim (head 0)", autorange="reversed", row=1, col=2)
+        fig.update_xaxes(title_text="token position", row=1, col=3)
+        fig.update_yaxes(title_text="relative change", row=1, col=3)
         return go.FigureWidget(fig) if widget else fig
 
 

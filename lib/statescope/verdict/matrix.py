@@ -73,7 +73,10 @@ class MatrixResult:
         fig = go.Figure(go.Heatmap(z=z, x=[str(v) for v in xs], y=[str(v) for v in ys], text=text,
                                    texttemplate="%{text}", colorscale="Reds", zmin=0,
                                    colorbar={"title": "failure rate"}))
+        # category axes: values such as "0" / "2" would otherwise become a numeric axis with
+        # ticks at -0.5 ... 2.5 between the cells
         fig.update_layout(xaxis_title=x, yaxis_title=y, height=360, width=520,
+                          xaxis_type="category", yaxis_type="category",
                           title="failed units per cell (requested settings)")
         return fig
 
