@@ -5,7 +5,7 @@ What it does:
   the run, so the slow tiers are measured on every run, CI's included (``docs/benchmarks.md``
   keeps the figures of a fresh-clone run).
 - **Skips that are not about a GPU fail the run.** On a machine without an accelerator a test may
-  skip only because it needs one (its reason names CUDA, a GPU or the device). Any other skip is
+  skip only because it needs one (its reason names CUDA, a GPU, an H100/H200 or NVIDIA; "device" alone is not enough). Any other skip is
   a check that silently did not run — the release sources it reads were not fetched, a tool was
   missing — so the session's exit status becomes 1 and the skips are listed.
 
@@ -19,7 +19,8 @@ from collections import defaultdict
 
 import pytest
 
-GPU_REASON = re.compile(r"\b(cuda|gpu|gpus|accelerator|device)\b", re.IGNORECASE)
+# CUDA/GPU wording only: the bare word "device" also names a device *profile* file
+GPU_REASON = re.compile(r"\b(cuda|gpu|gpus|h100|h200|nvidia)\b", re.IGNORECASE)
 
 
 def is_gpu_reason(reason: str) -> bool:

@@ -25,6 +25,20 @@ def test_reasons_that_name_an_accelerator():
     assert is_gpu_reason("CUDA graphs need a GPU")
     assert not is_gpu_reason("vLLM 0.32.0 sources not extracted at /x")
     assert not is_gpu_reason("no C compiler")
+    assert not is_gpu_reason("no device profile file")  # "device" alone is no GPU wording
+
+
+def test_a_non_gpu_skip_fails_the_run_under_xdist(tmp_path):
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["suite_report"]\n')
+    (tmp_path / "test_inner.py").write_text(
+        "import pytest\ndef test_ok():\n    pass\n"
+        "def test_s():\n    pytest.skip('no device profile file')\n")
+    env = {"PYTHONPATH": str(HERE), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                        str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 1, r.stdout
+    assert "skips that do not need a GPU" in r.stdout and "no device profile file" in r.stdout
 
 
 def test_a_skip_that_needs_no_gpu_fails_the_run(tmp_path):
