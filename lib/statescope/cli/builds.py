@@ -18,7 +18,7 @@ from typing import Any
 from statescope.builds.install import ensure_build, list_builds, remove_build
 from statescope.builds.run import build_matrix
 from statescope.cli.census import add_census_subcommand
-from statescope.cli.exit_codes import add_json_flag, exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog, shown_choices
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -178,9 +178,17 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") -> None:
     """Options shared by commands that run experiments in builds (``statescope matrix`` names the
     seed set ``--cell-seeds``: its ``--seeds N`` is the Ray path's seed count)."""
-    p.add_argument("--preset", default="smoke", help="workload preset of each experiment")
-    p.add_argument("--unit", default="episode", help="request | episode | engine_lifetime")
-    p.add_argument("--control", default="reference", help="control arm (statescope.verdict.reproduce)")
+    from statescope.verdict.reproduce import STANDARD_CONTROLS
+    from statescope.verdict.units import UNITS
+    from statescope.workload.episodes import PRESETS
+
+    # shown in --help, refused by check_cell_arguments (one line naming the flag, exit 2)
+    p.add_argument("--preset", default="smoke", choices=shown_choices(PRESETS),
+                   help="workload preset of each experiment")
+    p.add_argument("--unit", default="episode", choices=shown_choices(UNITS),
+                   help="the unit of independence counted")
+    p.add_argument("--control", default="reference", choices=shown_choices(STANDARD_CONTROLS),
+                   help="control arm (statescope.verdict.reproduce)")
     p.add_argument("--runs", default="runs", help="results store root")
     p.add_argument("--installer", default="auto", help="auto | uv | pip")
     p.add_argument("--model", default=None, help="model directory or name under data/models")

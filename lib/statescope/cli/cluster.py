@@ -38,7 +38,9 @@ def add_cluster_arguments(p: argparse.ArgumentParser, *, matrix: bool) -> None:
     g.add_argument("--cell-gpus", type=float, help="GPUs per cell (default 1 when the cluster has "
                                                    "GPUs, else 0)")
     g.add_argument("--cell-cpus", type=float, help="CPUs per cell (default 1)")
-    g.add_argument("--store-access", help="auto | shared | ship: cells write the store directly "
+    from statescope.cluster.cells import STORE_ACCESS
+
+    g.add_argument("--store-access", choices=STORE_ACCESS, help="cells write the store directly "
                                           "(shared filesystem) or send their files back (default auto)")
     g.add_argument("--local-cpus", type=int, help="with --ray and no ADDRESS: CPUs of the local cluster")
     if matrix:

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from statescope.cli.exit_codes import add_json_flag, exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog, shown_choices
 from statescope.errors import InputError
 from statescope.gpu.racecheck import (positive_int, preset_shift_classes, racecheck_table,
                                       require_cuda, sweep_shift_classes)
@@ -167,7 +167,9 @@ def add_racecheck_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                               epilog=exit_epilog('the unpatched kernel corrupted a copy'),
                               help="probe vLLM's Mamba copy kernel for the in-place shift race "
                                                 "(needs a CUDA GPU)")
-    p.add_argument("--preset", default="tiny", help="tiny | qwen35-27b | sweep")
+    from statescope.gpu.racecheck import PRESETS
+
+    p.add_argument("--preset", default="tiny", choices=shown_choices((*PRESETS, "sweep")), help="tiny | qwen35-27b | sweep")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (splits conv_dim)")
     p.add_argument("--copies", type=int, default=100_000, help="copies per shift class")
     p.add_argument("--unpatched-only", action="store_true", help="skip the overlap-safe wrapper arm")

@@ -86,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="statescope", description=__doc__.splitlines()[0],
                                 epilog=EXIT_STATUS)
     p.add_argument("--version", action="version", version=f"statescope {_version()}")
-    p.add_argument("--profile", default=None,
+    from statescope.patches.device_profiles import PROFILES
+
+    p.add_argument("--profile", default=None, choices=(*PROFILES, "auto"),
                    help="device profile for every engine this command starts: cpu | cuda | "
                         "cuda-triton | auto (default: $STATESCOPE_PROFILE, else auto-detected; "
                         "statescope.patches.device_profiles)")
@@ -111,7 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce",
                        epilog=exit_epilog(),
                        help="trigger arm vs control arm on real vLLM, with a verdict")
-    r.add_argument("--preset", default=None,
+    from statescope.cli.exit_codes import shown_choices
+    from statescope.verdict.reproduce import STANDARD_CONTROLS
+    from statescope.verdict.units import UNITS
+    from statescope.workload.episodes import PRESETS
+    from statescope.workload.trace import REPLAYS
+
+    r.add_argument("--preset", default=None, choices=shown_choices(PRESETS),
                    help="smoke | laptop | repro288 | long (default smoke; without --seeds sized to "
                         "the fewest seeds whose episodes can reach --alpha: smoke -> --seeds 0:2)")
     r.add_argument("--seeds", default=None, help="run the preset once per seed: A:B | A,B,C "
@@ -124,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--geometry", default=None, help="with --preset: before | at | after | mixed "
                                                     "| image_across (with --vision)")
     r.add_argument("--runner", default="offline", help="offline | server | http://HOST:PORT")
-    r.add_argument("--control", default="no_prefix_cache",
+    r.add_argument("--control", default="no_prefix_cache", choices=shown_choices(STANDARD_CONTROLS),
                    help="no_prefix_cache | no_mtp | no_async | reference")
     r.add_argument("--model", help="model directory or name under data/models")
     r.add_argument("--control-run", metavar="RUN_DIR", default=None,
@@ -140,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trigger-patch", action="append", default=[], metavar="NAME",
                    help="statescope runtime patch on the trigger arm (offline runner), e.g. "
                         "accept_sync; the arm is labelled PATCHED (repeatable)")
-    r.add_argument("--unit", default="episode", help="request | episode | engine_lifetime "
+    r.add_argument("--unit", default="episode", choices=shown_choices(UNITS), help="request | episode | engine_lifetime "
                                                       "(the unit of independence counted)")
     r.add_argument("--episodes-per-lifetime", type=int, default=None,
                    help="reset the prefix cache after this many episodes (engine_lifetime unit)")
@@ -151,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "EMULATED GPU race)")
     r.add_argument("--vision", action="store_true", help="with --preset: 1-3 screenshots per "
                                                         "request (read by a vision model: tiny-vl)")
-    r.add_argument("--replay", default=None, help="as_logged | agent_loop (default: the trace's)")
+    r.add_argument("--replay", default=None, choices=REPLAYS, help="as_logged | agent_loop (default: the trace's)")
     r.add_argument("--alpha", type=float, default=0.01,
                    help="significance level of the one-sided Fisher test (the decision rule)")
     r.add_argument("--concurrency", type=int, default=None,

@@ -76,17 +76,21 @@ def add_workload_subcommand(sub: Any) -> None:
     wl.add_argument("action", nargs="?", choices=("preset", "import"), default="preset",
                     help="'import FILE' turns a request log into a trace (default: a preset)")
     wl.add_argument("file", nargs="?", help="with import: the JSONL request log")
-    wl.add_argument("--preset", default="laptop", help="smoke | laptop | repro288 | long")
+    from statescope.workload.episodes import PRESETS
+    from statescope.workload.importer import FORMATS
+    from statescope.workload.trace import REPLAYS
+
+    wl.add_argument("--preset", default="laptop", choices=tuple(PRESETS), help="smoke | laptop | repro288 | long")
     wl.add_argument("--vision", action="store_true", help="attach 1-3 PNG screenshots per step")
     wl.add_argument("--seed", type=int, default=0)
     wl.add_argument("--geometry", default=None, help="before | at | after | mixed: prompt ends "
                                                      "relative to the resolved Mamba block size; "
                                                      "image_across (with --vision): a block "
                                                      "boundary inside each step's first image")
-    wl.add_argument("--format", default="auto", help="with import: auto | openai-chat | openai-batch")
+    wl.add_argument("--format", default="auto", choices=FORMATS, help="with import: auto | openai-chat | openai-batch")
     wl.add_argument("--group-by", default="auto",
                     help="with import: auto | prefix | root | field:NAME (episodes)")
-    wl.add_argument("--replay", default="as_logged", help="with import: as_logged | agent_loop")
+    wl.add_argument("--replay", default="as_logged", choices=REPLAYS, help="with import: as_logged | agent_loop")
     wl.add_argument("--max-tokens", type=int, default=64,
                     help="with import: for requests that do not say (default 64)")
     wl.add_argument("--allow-root", action="append", metavar="DIR",
