@@ -83,6 +83,48 @@ def test_an_interpreter_without_vllm_fails_its_check_naming_the_path(tmp_path):
     assert exc.value.log_path.is_file() and "\n" not in str(exc.value)
 
 
+def test_a_listed_existing_environment_is_removed_by_its_label_spec_or_key(tmp_path):
+    from statescope.builds.install import list_builds, remove_build
+
+    d = _env_folder(tmp_path, None)
+    spec = BuildSpec.parse(f"env:{d}")
+    for name in ("label", "text", "key"):  # `build list` shows the label; remove takes any of them
+        ensure_build(spec)  # checked again after each removal: the record is written anew
+        [row] = list_builds()
+        assert row["key"] == spec.install_key() and row["status"] == "ok", row
+        assert remove_build({"label": row["spec"], "text": spec.text, "key": row["key"]}[name]), name
+        assert list_builds() == [], name
+        assert (d / "bin" / "python").is_file()  # only statescope's record went, not the environment
+    assert remove_build(spec.install_key()) is False
+
+
+def test_a_failed_recheck_replaces_an_earlier_ok_in_the_list(tmp_path):
+    from statescope.builds.install import list_builds
+
+    d = _env_folder(tmp_path, None)
+    spec = BuildSpec.parse(f"env:{d}")
+    ensure_build(spec)
+    assert [r["status"] for r in list_builds()] == ["ok"]
+    (d / "bin" / "python").write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n")
+    existing._CHECKED.clear()  # a later process: the environment is checked again
+    with pytest.raises(BuildFailed, match="cannot import"):
+        ensure_build(spec)
+    [row] = list_builds()
+    assert row["status"] == "failed" and "No module named torch" in row["error"], row
+    assert row["key"] == spec.install_key() and row["vllm"] is None
+
+
+def test_an_existing_environments_listed_log_is_its_check_log(tmp_path):
+    from statescope.builds.install import list_builds
+
+    spec = BuildSpec.parse(f"env:{_env_folder(tmp_path, None)}")
+    ensure_build(spec)
+    [row] = list_builds()
+    log = Path(row["log"])
+    assert log.name == "check.log" and log.is_file(), row
+    assert f"existing environment env:{spec.source}" in log.read_text()
+
+
 def test_env_sh_variables_reach_the_cell_and_this_checkout_comes_first(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/driver/release")  # the driver's own release must not leak
     monkeypatch.setenv("SS_KEEP", "caller")

@@ -197,17 +197,31 @@ def list_builds() -> list[dict]:
                      "vllm": i.get("versions", {}).get("vllm"), "torch": i.get("versions", {}).get("torch"),
                      "installer": i.get("installer"), "install_seconds": i.get("install_seconds"),
                      "size_gb": round(i["size_bytes"] / 1e9, 2) if i.get("size_bytes") else None,
-                     "log": str(meta.parent / "install.log"), "error": i.get("error")})
+                     # an existing environment is only checked: its log is the check's
+                     "log": str(meta.parent / ("check.log" if i.get("existing") else "install.log")),
+                     "error": i.get("error")})
     return rows
 
 
 def remove_build(spec_or_key: str | BuildSpec) -> bool:
-    """Delete a build environment named by its spec or install key (specs that differ only in
-    patches share it); False when there was none."""
-    key = spec_or_key if isinstance(spec_or_key, str) and re.fullmatch(r"[0-9a-f]{16}", spec_or_key) \
-        else BuildSpec.parse(spec_or_key).install_key()
-    path = builds_dir() / key
-    if not path.is_dir():
-        return False
-    shutil.rmtree(path)
-    return True
+    """Delete a build environment named by its spec, its install key or its ``spec`` as
+    ``list_builds`` shows it (specs that differ only in patches share it); False when there was
+    none. An existing environment (``env:`` / ``python:``) loses only statescope's record of its
+    check (``_existing/<key>``), never the environment itself."""
+    if isinstance(spec_or_key, str) and re.fullmatch(r"[0-9a-f]{16}", spec_or_key):
+        key = spec_or_key
+    else:
+        listed = [r["key"] for r in list_builds() if r["spec"] == str(spec_or_key) and r["key"]]
+        # an existing environment is listed by its label ("vllm 0.28.0 @ DIR"), not a spec
+        key = listed[0] if listed and not isinstance(spec_or_key, BuildSpec) \
+            else BuildSpec.parse(spec_or_key).install_key()
+    removed = False
+    for path in (builds_dir() / key, builds_dir() / "_existing" / key):
+        if path.is_dir():
+            shutil.rmtree(path)
+            removed = True
+    if removed:
+        from statescope.builds.existing import forget
+
+        forget(key)
+    return removed
