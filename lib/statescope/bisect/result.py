@@ -88,6 +88,18 @@ class BisectResult:
         """The label of change location ``index``; N (the edge hypothesis) is "(none)"."""
         return self.labels[index] if index < len(self.labels) else "(none)"
 
+    def to_frame(self):
+        """One row per probe: the build or item probed, its verdict (failed / clean), the counts
+        and the most likely change location after it."""
+        import pandas as pd
+
+        return pd.DataFrame([{"probe": p.step, "label": p.label, "verdict": "failed" if p.k else "clean",
+                              "failed": p.k, "requests": p.n, "requests_so_far": p.requests_total,
+                              "most_likely": self.hypothesis(p.map_index), "mass": p.confidence}
+                             for p in self.probes],
+                            columns=["probe", "label", "verdict", "failed", "requests",
+                                     "requests_so_far", "most_likely", "mass"])
+
     def _repr_html_(self) -> str:
         e = html.escape
         rows = "".join(

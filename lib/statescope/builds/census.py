@@ -201,6 +201,10 @@ class BuildCensus:
                               "verdict": c.verdict, "value": c.value, "where": c.where,
                               "detail": c.detail} for c in self.checks])
 
+    def to_frame(self):
+        """``frame()``: one row per check (the name every result uses)."""
+        return self.frame()
+
     def _repr_html_(self) -> str:
         e = html.escape
         colour = {PRESENT: "#2e7d32", ABSENT: "#c62828", NOT_APPLICABLE: "#666", UNKNOWN: "#b26a00"}

@@ -268,6 +268,10 @@ class HypothesisTable:
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
 
+    def to_frame(self) -> pd.DataFrame:
+        """``frame()``: one row per hypothesis (the name every result uses)."""
+        return self.frame()
+
     def ranking(self) -> list[str]:
         return [r["hypothesis"] for r in self.rows]
 

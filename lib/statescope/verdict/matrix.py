@@ -49,6 +49,10 @@ class MatrixResult:
 
         return pd.DataFrame(self.rows)
 
+    def to_frame(self):
+        """``frame()``: one row per cell, a pandas DataFrame (the name every result uses)."""
+        return self.frame()
+
     def to_dict(self) -> dict:
         return {"axes": self.axes, "cells": self.rows, "census": self.census}
 
