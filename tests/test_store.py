@@ -154,12 +154,28 @@ def test_manifest_lifecycle(tmp_path):
     assert final["status"] == "completed" and final["ended"] and final["created"] == m["created"]
     assert final["resolved_config"] == CONFIG and final["seeds"] == [0, 1]
     for f in ("run_id", "created", "status", "resolved_config", "vllm_version", "torch_version",
-              "device", "seeds", "started", "ended", "statescope_version", "extra"):
+              "device", "seeds", "started", "ended", "statescope_version", "environment", "extra"):
         assert f in final
+    assert final["environment"]["lock_sha256"] and "drift" in final["environment"]
     assert not [p for p in (tmp_path / "r1").iterdir() if p.name.endswith(".tmp")]
     # Resuming keeps 'created' and says what the previous status was.
     m2 = ResultsStore(tmp_path, "r1").start(CONFIG)
     assert m2["created"] == m["created"] and m2["extra"] == {"note": "x", "resumed_from_status": "completed"}
+    assert m2["environment"] == final["environment"] and "resumed_environment" not in m2
+
+
+def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path):
+    import json
+
+    with ResultsStore(tmp_path, "r1") as store:
+        store.start(CONFIG)
+    path = tmp_path / "r1" / "manifest.json"
+    first = json.loads(path.read_text())
+    first["environment"] = dict(first["environment"], lock_sha256="0" * 16)  # another lock
+    path.write_text(json.dumps(first))
+    m2 = ResultsStore(tmp_path, "r1").start(CONFIG)
+    assert m2["environment"]["lock_sha256"] == "0" * 16  # the one its first records came from
+    assert m2["resumed_environment"]["lock_sha256"] != "0" * 16
 
 
 @pytest.mark.parametrize("exc, status", [(RuntimeError, "failed"), (KeyboardInterrupt, "interrupted")])

@@ -267,7 +267,8 @@ class ResultsStore:
     def start(self, resolved_config: dict | None = None, *, vllm_version: str | None = None,
               torch_version: str | None = None, device: str | None = None,
               seeds: Any = None, extra: dict | None = None, fingerprint: str | None = None) -> dict:
-        """Write the manifest with status 'running'; on resume keeps 'created' and merges 'extra'.
+        """Write the manifest with status 'running'; on resume keeps 'created' and the first
+        'environment' (the resume's own goes to 'resumed_environment' if it differs) and merges 'extra'.
         Everything already in the folder is checked first (``check_belongs``): a refused or
         corrupt folder is left exactly as it was."""
         import statescope
@@ -284,11 +285,15 @@ class ResultsStore:
             "resolved_config": dict(resolved_config or {}), "vllm_version": vllm_version,
             "torch_version": torch_version, "device": device, "seeds": seeds, "started": _now(),
             "ended": None, "statescope_version": statescope.__version__,
-            "environment": environment_record(),  # versions vs requirements.lock (drift listed)
+            # versions vs requirements.lock (drift listed); a resume keeps the environment the
+            # run began in (its records came from there) and records its own beside it if it differs
+            "environment": old.get("environment") or environment_record(),
             "extra": {**old.get("extra", {}), **(extra or {})},
         }
         if old:
             manifest["extra"]["resumed_from_status"] = old.get("status")
+            if old.get("environment") and old["environment"] != environment_record():
+                manifest["resumed_environment"] = environment_record()
         if fingerprint:
             manifest["fingerprint"] = fingerprint
         self.fingerprint = fingerprint
