@@ -110,3 +110,14 @@ def test_releases_exit_status_follows_its_epilog():
     assert releases_exit({"kind": "release_bisection", "result": {"stopped": "confident"}}) == 0
     assert releases_exit({"kind": "release_bisection", "result": {"stopped": "budget"}}) == 1
     assert releases_exit({"kind": "kernel_check", "rows": []}) == 0
+
+
+def test_enum_options_list_their_values_from_the_library():
+    from statescope.verdict.reproduce import STANDARD_CONTROLS
+    from statescope.verdict.units import UNITS
+
+    tree = {name: parser for name, parser, _ in _tree()}
+    reproduce = " ".join(tree["statescope reproduce"].format_help().split())
+    assert "{" + ",".join(UNITS) + "}" in reproduce and "{" + ",".join(STANDARD_CONTROLS) + "}" in reproduce
+    assert "{cpu,cuda,cuda-triton,auto}" in " ".join(tree["statescope"].format_help().split())
+    assert "{regression,fix}" in tree["statescope bisect"].format_usage()
