@@ -46,6 +46,8 @@ def test_capture_inside_the_openai_api_server(engine_pool, tmp_path):
     # server teardown SIGTERMs the worker, possibly before its shutdown hook: the chained
     # SIGTERM handler (or the hook, whichever runs first) closes the run
     assert run.manifest["status"] == "complete", run.manifest.get("closed_by")
+    # the API server shut its engine core and worker down in vLLM's order: nothing to recover
+    assert server.recovered == [] and "--shutdown-timeout" in server.command
     assert len(run.copies()) > 0
     # prefix-cache lookups were logged by the engine core, another process than the worker
     hits = run.prefix_hits()

@@ -112,12 +112,15 @@ def read_spool(run_dir: str | os.PathLike, start: int = 0) -> Iterator[tuple[int
             yield f.tell(), item
 
 
-def recover(run_dir: str | os.PathLike) -> dict:
+def recover(run_dir: str | os.PathLike, *, interrupted: str | None = None) -> dict:
     """Emit a run's spooled steps that its tables lack (after a crash or kill), from its manifest,
     and close a run left ``running``: its ``ended`` record says it was recovered, with the
     progress its workload last recorded (``Recorder.checkpoint``), so a killed run reads
-    ``incomplete`` unless every planned request had finished. Returns {"run", "steps_emitted",
-    "status", "ended"}; a run already closed with nothing to recover is left unchanged."""
+    ``incomplete`` unless every planned request had finished. ``interrupted``: the caller knows
+    the writer was killed before its close (e.g. a server's teardown), so a run left ``running``
+    reads ``incomplete`` whatever its progress says, the reason in ``ended.why``. Returns {"run",
+    "steps_emitted", "status", "ended"}; a run already closed with nothing to recover is left
+    unchanged."""
     from statescope.capture.ending import run_ending
     from statescope.capture.store import CaptureRun, CaptureWriter
 
@@ -150,6 +153,11 @@ def recover(run_dir: str | os.PathLike) -> dict:
         if man.get("progress") is not None and not ended["complete"]:
             ended["why"] = (f"killed before it closed (recovered by statescope capture-recover): "
                             f"{ended['why']}")
+        if interrupted:
+            # a run without a workload plan would read complete ("completeness not known"):
+            # a writer killed mid-close cannot vouch for its last steps
+            ended.update(complete=False, interrupted=interrupted,
+                         why=f"{interrupted}; recovered: {ended['why']}")
         status = "complete" if ended["complete"] else "incomplete"
         writer.note(ended=ended)
     writer.close(status)

