@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from statescope.cli.exit_codes import add_json_flag
+from statescope.cli.exit_codes import add_json_flag, shown_choices
 from statescope.errors import InputError
 
 
@@ -152,9 +152,11 @@ def add_shrink_subcommands(sub: Any) -> None:
                    help="K re-runs and the control for every candidate (default: one trigger run "
                         "per candidate, the result verified with K re-runs and the control, and "
                         "searched again strictly if it does not hold)")
-    s.add_argument("--control", default="no_prefix_cache",
-                   help="with a trace: no_prefix_cache | no_mtp | no_async | reference | same "
-                        "(the trigger's configuration without its planted fault or patches)")
+    from statescope.verdict.experiment import CONTROLS
+
+    s.add_argument("--control", default="no_prefix_cache", choices=shown_choices(CONTROLS),
+                   help="with a trace: the control arm (same: the trigger's configuration "
+                        "without its planted fault or patches)")
     s.add_argument("--model", help="model directory or name under data/models")
     for flag in ("--both-set", "--trigger-set", "--control-set"):
         s.add_argument(flag, action="append", default=[], metavar="FIELD=VALUE",
