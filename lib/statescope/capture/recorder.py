@@ -168,6 +168,8 @@ class Recorder:
             run_dir = out / f"{base}-{n}"
         from statescope.capture.adapters import refuse_runner, runner_kind
 
+        from statescope.lockfile import environment_record
+
         refuse_runner(self.adapter, runner)  # EnvironmentBroken: the resolved runner is not covered
         vc = runner.vllm_config
         runner_class = getattr(runner, "statescope_runner_class", None) or (
@@ -175,7 +177,9 @@ class Recorder:
         manifest = {
             "run_id": run_dir.name, "mode": self.spec.mode, "spec": self.spec.to_dict(),
             "spec_source": self.spec.source, "vllm_version": vllm.__version__,
-            "torch_version": torch.__version__, "adapter": self.adapter.to_dict(),
+            "torch_version": torch.__version__,
+            # the lock's sha and drift, as a results store records them (cached per process)
+            "environment": environment_record(), "adapter": self.adapter.to_dict(),
             "runner_class": runner_class.rsplit(".", 1)[-1], "runner_module": runner_class,
             "runner_version": runner_kind(runner), "pid": os.getpid(), "rank": rank,
             "resolved": resolve_vllm_config(vc),
