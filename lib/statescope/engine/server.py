@@ -276,8 +276,10 @@ class VllmServer:
         check_model_dir(config.model)
         self.profile = profile if isinstance(profile, DeviceProfile) else choose_profile(profile)
         if python is None or python == sys.executable:  # another interpreter: another vLLM
+            from statescope.engine.offline import import_vllm
             from statescope.engine.vllm_types import check_with_vllm
 
+            import_vllm()  # shims and the version gate before vLLM's own types are read
             check_with_vllm(profiled(config, self.profile), server=True, where="engine settings")
         self.config, self.host = config, host
         self.port = int(port) if port else free_port(host)

@@ -96,9 +96,8 @@ def _bounds() -> dict[str, list[tuple[str, Any]]]:
 
 @functools.lru_cache(maxsize=2)
 def _specs(server: bool) -> dict[str, ArgSpec]:
-    from statescope.engine.offline import import_vllm
-
-    import_vllm()
+    # the callers (OfflineEngine, VllmServer) have imported vLLM through engine.offline.import_vllm
+    # (shims first, version gate): importing offline here would close a circle inside the wing
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
     raw: dict[str, tuple[str, Any]] = {}
