@@ -274,7 +274,11 @@ def test_a_killed_driver_leaves_no_orphan_server(tmp_path):
     driver = subprocess.Popen([PY, str(script), str(tmp_path / "server.log")], stdout=subprocess.PIPE,
                               text=True, env=SUBPROCESS_ENV)
     try:
+        # the driver imports vLLM to check the settings (engine/vllm_types): vLLM's own import
+        # warnings come on its stdout before the driver's one JSON line
         line = driver.stdout.readline()
+        while line and not line.startswith("{"):
+            line = driver.stdout.readline()
         log = tmp_path / "server.log"
         assert line, "driver died before its server was ready:\n" + (
             log.read_text()[-3000:] if log.exists() else "(no server log)")
