@@ -657,9 +657,22 @@ shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 
   local script="$REPO/data/results/gpu/minimal_reproducer_0.26.0/at_two_seqs/repro/repro.py"
   local m=(--model "$REPO/data/models/$MODEL")
   if has shrink; then
+    # the shrink, then (issue 30 item 5) its exported script run as a maintainer would: twice as
+    # exported (V1 + async), async off, V2, the accept_sync patch -- side by side
     ( SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-720} SS_JOBDIR="$D" ss shrink "$rel" shrink --model "$MODEL" \
         --preset "$PRESET" --seeds 48:60 --control no_async --keep-failing 3 \
-        --both-set model_runner=v1 --out "$D/shrink" --json ) > "$SS/logs/shrink.log" 2>&1 &
+        --both-set model_runner=v1 --out "$D/shrink" --json
+      SS_JOBDIR="$D" ss export "$rel" export-repro "$D/shrink" --out "$D/repro" --json
+      if [ -f "$D/repro/repro.py" ]; then
+        R="$D/repro/repro.py"; lim=${SS_SCRIPT_TIMEOUT:-300}
+        for i in 1 2; do repro_run "$rel" "$R" "$D/repro/as_exported_$i.log" "$lim" & done
+        repro_run "$rel" "$R" "$D/repro/async_off.log" "$lim" -- --set async_scheduling=false &
+        repro_run "$rel" "$R" "$D/repro/v2.log" "$lim" VLLM_USE_V2_MODEL_RUNNER=1 &
+        repro_run "$rel" "$R" "$D/repro/accept_sync.log" "$lim" -- --patch accept_sync &
+        wait
+      fi
+      echo "shrink chain done $(date +%H:%M:%S)" >> "$SS/logs/cost.log"
+    ) > "$SS/logs/shrink.log" 2>&1 &
   fi
   if has scripts; then
     mkdir -p "$D/scripts"
@@ -686,6 +699,7 @@ pack_cost() {  # what shrink_cost_and_overhead wrote so far -> $OUT (safe while 
   ls -la "$OUT"; tail -n 3 "$SS"/logs/*.log 2>/dev/null | cut -c1-200
   for f in $(find "$SS" -name rc 2>/dev/null); do echo "$f: $(cat "$f")"; done
   grep -h '^rc=' "$D"/scripts/*.log 2>/dev/null | sort | uniq -c
+  for f in "$D"/repro/*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(grep -c CORRUPTED "$f") CORRUPTED, $(tail -1 "$f")"; done
 }
 
 collect() {  # PACK_CMD [MAX_S]: wait for a detached campaign, packing with PACK_CMD every 40 s,

@@ -9,18 +9,8 @@ import pandas as pd
 import pytest
 
 
-def test_conv_window_figure_has_colorbars_with_units_and_axis_titles():
-    import torch
-
-    from statescope.diverge.views import conv_window_figure
-
-    layer = "model.layers.2.linear_attn"
-    mine = torch.arange(24, dtype=torch.float32).reshape(3, 8)
-    run = SimpleNamespace(
-        steps=pd.DataFrame({"req_id": ["r0"], "req_step": [4], "prompt_sha": ["p"], "conv_position": [17]}),
-        get=lambda req, step, kind: {layer: mine})
-    reference = SimpleNamespace(label="clean", at=lambda sha, pos, kind: {layer: mine * 0.5})
-    fig = conv_window_figure(run, reference, "r0", 4, layer)
+def test_conv_window_figure_has_colorbars_with_units_and_axis_titles(tmp_path):
+    fig = _conv_window(tmp_path)
     lay = fig.layout
     assert lay.coloraxis.colorbar.title.text == "state value"
     assert lay.coloraxis2.colorbar.title.text == "difference (absolute)"
