@@ -1,7 +1,7 @@
 """What a shrink costs: engine runs, engine starts and seconds, real or simulated.
 
 Usage:
-  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_shrink.py --simulate [--keep-failing 3]
+  OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_shrink.py --simulate [--keep-failing 3] [--compare]
   engine-slot .venv/bin/python benchmarks/bench_shrink.py -- SHRINK ARGS...   (a real shrink)
   .venv/bin/python benchmarks/bench_shrink.py --logs [LOG ...]   (what committed shrinks cost)
 
@@ -28,11 +28,11 @@ from collections import Counter
 
 
 def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps: int = 6,
-             order: tuple = ()) -> dict:
+             order: tuple = (), batched_control: bool = True) -> dict:
     from statescope.verdict.reproduce import standard_arms
     from statescope.verdict.shrink import _Search
     from statescope.verdict.shrink_run import Workload
-    from statescope.workload.trace import TraceStep
+    from statescope.workload.trace import TraceStep, episodes_of
 
     trace = [TraceStep(f"ep{e:03d}", s, None, f"ep{e:03d} turn {s} " + "word " * 40, 24)
              for e in range(episodes) for s in range(steps)]
@@ -43,29 +43,74 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
         return ((culprit, "3") in turns and (partner, "0") in turns
                 and work.overrides.get("max_num_seqs", 32) >= 2)
 
+    def answer_keys(work: Workload) -> set:
+        """The control answers a run of ``work`` leaves: every episode and each of its prefixes."""
+        keys = set()
+        for steps in episodes_of(work.trace).values():
+            turns = tuple(s.user for s in steps)
+            keys |= {turns[:j] for j in range(1, len(turns) + 1)}
+        return keys
+
+    def needed_keys(work: Workload) -> set:
+        return {tuple(s.user for s in steps) for steps in episodes_of(work.trace).values()}
+
     class StandIn:
         def __init__(self) -> None:
             self.trigger, self.control = standard_arms("no_async")
             self.done: dict = {}
             self.engine_runs = 0
+            self.engine_starts = 0  # one engine kept while runs ask for its configuration
+            self.control_runs = 0
             self.request_runs = 0  # requests x runs: what a run's time grows with
             self.serial_request_runs = 0
+            self.answered: set = set()
+            self.engine = None
 
         def key(self, work: Workload, strict: bool = True) -> str:
             return work.key() + ("strict" if strict else "quick")
 
+        def _run(self, arm: str, work: Workload, n_requests: int) -> None:
+            config = (arm, tuple(sorted(work.overrides.items())))
+            if config != self.engine:
+                self.engine_starts += 1
+                self.engine = config
+            self.engine_runs += 1
+            self.control_runs += arm == "control"
+            self.request_runs += n_requests
+            self.serial_request_runs += n_requests * (work.overrides.get("max_num_seqs", 32) == 1)
+
+        def prefetch_control(self, works: list) -> int:
+            if not batched_control:  # as before: each candidate's control answered on its own
+                return 0
+            todo = [w for w in works if self.key(w, False) not in self.done
+                    and needed_keys(w) - self.answered]
+            if not todo:
+                return 0
+            self._run("control", todo[0], sum(w.n_requests() for w in todo))
+            for w in todo:
+                self.answered |= answer_keys(w)
+            return 1
+
         def evaluate(self, work, phase, removed, trial_no, *, strict=True):
             failed = fails(work)
-            runs = keep_failing + 1 if failed and strict else 1
-            self.engine_runs += runs
-            self.request_runs += runs * work.n_requests()
-            seqs = work.overrides.get("max_num_seqs", 32)
-            # one request at a time serialises the whole workload: the slow run of a big trace
-            self.serial_request_runs += runs * work.n_requests() * (seqs == 1)
+            before = self.engine_runs
+            if strict:
+                self._run("control", work, work.n_requests())
+            elif needed_keys(work) - self.answered:
+                self._run("control", work, work.n_requests())
+                self.answered |= answer_keys(work)
+            for _ in range(keep_failing if failed and strict else 1):
+                self._run("trigger", work, work.n_requests())
+            rows = [{"episode": s.episode, "step": s.step,
+                     "wave": s.step if batched_control else None,  # lock-step: step k, wave k
+                     "symptoms": ["planted"] if failed and (s.episode, s.user.split(" ")[2])
+                     == (culprit, "3") else []} for s in work.trace]
             entry = {"key": self.key(work, strict), "phase": phase, "failed": failed,
                      "trigger_failures": [[["ep061", 3]]] if failed else [[]],
-                     "engine_runs": runs, "n_requests": work.n_requests(),
-                     "trigger_run": {"resolved": {"max_num_batched_tokens": 2048,
+                     "engine_runs": self.engine_runs - before,
+                     "n_requests": work.n_requests(),
+                     "trigger_run": {"rows": rows,
+                                     "resolved": {"max_num_batched_tokens": 2048,
                                                   "block_size": 64}}}
             self.done[entry["key"]] = entry
             return entry
@@ -94,7 +139,9 @@ def simulate(keep_failing: int, strict: bool = False, episodes: int = 96, steps:
             "minimal_requests": search.current.n_requests(),
             "minimal_episodes": search.current.order, "trials": len(search.trials),
             "trials_per_phase": dict(per_phase), "engine_runs_per_phase": dict(runs),
-            "engine_runs": runner.engine_runs, "request_runs": runner.request_runs,
+            "engine_runs": runner.engine_runs, "engine_starts": runner.engine_starts,
+            "control_runs": runner.control_runs, "batched_control": batched_control,
+            "request_runs": runner.request_runs,
             "serial_request_runs": runner.serial_request_runs,
             "phases": list(order or PHASES), "conditions": search.conditions,
             "search_s": round(time.perf_counter() - t0, 3)}
@@ -164,6 +211,9 @@ def main() -> None:
     ap.add_argument("--keep-failing", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="simulate: K runs + control per candidate")
     ap.add_argument("--phases", default="", help="simulate: the phase order (default: shrink's)")
+    ap.add_argument("--compare", action="store_true",
+                    help="simulate: also without the batched control answers and the wave cut "
+                         "(the search before 2026-12-06), ratios printed")
     ap.add_argument("--logs", nargs="*", default=None, help="candidate logs (default: the H200 chain)")
     ap.add_argument("--json")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
@@ -172,6 +222,13 @@ def main() -> None:
     else:
         out = simulate(args.keep_failing, args.strict,
                        order=tuple(p for p in args.phases.split(",") if p)) if args.simulate or not shrink_args else real(shrink_args)
+    if args.compare and args.simulate:
+        old = simulate(args.keep_failing, args.strict, batched_control=False,
+                       order=tuple(p for p in args.phases.split(",") if p))
+        out["before"] = {k: old[k] for k in ("engine_runs", "engine_starts", "control_runs",
+                                              "trials", "request_runs")}
+        out["ratios_before_over_now"] = {k: round(old[k] / max(out[k], 1), 2)
+                                         for k in ("engine_runs", "engine_starts", "control_runs")}
     for k, v in out.items():
         print(f"{k:>22}: {v}")
     print(f"{'cost goal':>22}: {'met' if out['engine_runs'] <= 40 else 'MISSED'} "

@@ -659,9 +659,13 @@ shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 
   if has shrink; then
     # the shrink, then (issue 30 item 5) its exported script run as a maintainer would: twice as
     # exported (V1 + async), async off, V2, the accept_sync patch -- side by side
+    # SS_SHRINK_FROM: a shrink folder a lost lease left (its candidates answer again at no cost);
+    # SS_SHRINK_PHASES: --phases for the resumed search (e.g. narrow,episodes: stop before steps)
+    if [ -n "${SS_SHRINK_FROM:-}" ] && [ ! -d "$D/shrink" ]; then cp -r "$SS_SHRINK_FROM" "$D/shrink"; fi
     ( SS_TIMEOUT=${SS_SHRINK_TIMEOUT:-720} SS_JOBDIR="$D" ss shrink "$rel" shrink --model "$MODEL" \
         --preset "$PRESET" --seeds 48:60 --control no_async --keep-failing 3 \
-        --both-set model_runner=v1 --out "$D/shrink" --json
+        --both-set model_runner=v1 ${SS_SHRINK_PHASES:+--phases "$SS_SHRINK_PHASES"} \
+        --out "$D/shrink" --json
       SS_JOBDIR="$D" ss export "$rel" export-repro "$D/shrink" --out "$D/repro" --json
       if [ -f "$D/repro/repro.py" ]; then
         R="$D/repro/repro.py"; lim=${SS_SCRIPT_TIMEOUT:-300}
@@ -682,6 +686,7 @@ shrink_cost_and_overhead() {  # one lease (issue 30's cost goal, issue 29 items 
       "${m[@]}" --set async_scheduling=false &
     repro_run "$rel" "$script" "$D/scripts/v1_accept_sync.log" 400 VLLM_USE_V2_MODEL_RUNNER=0 -- \
       "${m[@]}" --patch accept_sync &
+    repro_run "$rel" "$script" "$D/scripts/v2.log" 400 VLLM_USE_V2_MODEL_RUNNER=1 -- "${m[@]}" &
   fi
   if has v033 && [ -f /tmp/vllm-0.33.0/env.sh ] && [ "${SS_V033_FIRST:-0}" != 1 ]; then
     newest_cells 0.33.0 > "$SS/logs/v033.log" 2>&1 &

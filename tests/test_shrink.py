@@ -204,6 +204,9 @@ class StandInRunner:
     def key(self, work, strict: bool = True) -> str:
         return work.key() + ("-strict" if strict else "-quick")
 
+    def prefetch_control(self, works) -> int:  # answers are the predicate's: nothing to fetch
+        return 0
+
     def evaluate(self, work, phase, removed, trial_no, *, strict=True):
         failing = self.fails(work)
         self.engine_runs += self.k + 1 if failing and strict else 1
@@ -437,3 +440,80 @@ def test_the_exported_script_judges_with_reproduces_labelling(tmp_path, capsys):
     assert "CORRUPTED" not in ns["rule"]()
     readme = (tmp_path / "r" / "README.md").read_text()
     assert "statescope reproduce" in readme and "confident" in readme
+
+
+PARTNERS = {("e0", 2), ("e2", 1), ("e3", 0)}
+
+
+class BatchAwarePool(FakePool):
+    """A FakePool whose trigger fails e1's 'turn2' only when e0's 'turn2', e2's 'turn1' and e3's
+    'turn0' were sent in the same engine run no later than it (partners the failure needs); it
+    records the arm of every run."""
+
+    def __init__(self):
+        super().__init__(None)
+        self.runs: list[str] = []
+
+    def get(self, config):
+        super().get(config)
+        is_control = config.async_scheduling is False
+        self.runs.append("control" if is_control else "trigger")
+        sent: set = set()
+
+        def answer(_control, episode, turn):
+            if not is_control and (episode, turn) == ("e1", 2) and PARTNERS <= sent:
+                return "click(id=9)", [4, 9], 0.5
+            return CONTROL_ANSWER, [4, 7], 2.0
+
+        runner = FakeEngineRunner(config, answer)
+        plain = runner.generate
+
+        def generate(prompts, *, max_tokens):
+            for messages in prompts:
+                episode, turn = messages[-1]["content"].split(" ")[:2]
+                sent.add((episode, int(turn[4:])))
+            return plain(prompts, max_tokens=max_tokens)
+
+        runner.generate = generate
+        return runner
+
+
+def test_the_steps_phase_fetches_control_answers_per_round_and_cuts_later_waves(tmp_path,
+                                                                                  monkeypatch):
+    """The H200 shrink spent two engine starts per steps candidate (the control's answers, then
+    the trigger: one engine is kept). Now: every step after the failing request's wave goes in one
+    test whose control answers are prefixes of known ones (no control run), and ddmin's rounds get
+    the control's answers to all their candidates in one run, so each tested candidate costs one
+    trigger run — and the minimum is still the failing request and its partner."""
+    from statescope.verdict.shrink import _Search
+    from statescope.verdict.shrink_run import workload_from_trace
+    from statescope.workload.trace import TraceStep
+
+    runner = _runner(tmp_path, monkeypatch, "confident_flip")
+    pool = runner.pool = BatchAwarePool()
+    steps = [TraceStep(f"e{e}", k, None, f"e{e} turn{k} pad", 16) for e in range(4)
+             for k in range(5)]
+    start = workload_from_trace(steps)
+    search = _Search(runner, start)
+    assert search.test(start, "confirm", {})
+    search.accept(start)
+    assert pool.runs == ["control", "trigger"]
+    search.steps()
+    kept = [(s.episode, s.user.split(" ")[1]) for s in search.current.trace]
+    assert kept == [("e0", "turn2"), ("e1", "turn2"), ("e2", "turn1"), ("e3", "turn0")]
+    cut = next(t for t in search.trials if "after_wave" in t["removed"])
+    assert cut["removed"] == {"after_wave": 2, "requests": 8} and cut["failed"]
+    assert cut["engine_runs"] == 1  # prefixes of answered episodes: no control run
+    ddmin_trials = [t for t in search.trials if "steps" in t["removed"]]
+    assert len(ddmin_trials) >= 4
+    # every control answer a tested candidate needed was fetched before the round: one run each
+    assert all(t["engine_runs"] == 1 for t in ddmin_trials[1:]), \
+        [(t["removed"], t["engine_runs"]) for t in ddmin_trials]
+    control_runs = pool.runs.count("control")
+    assert control_runs - 1 < len(ddmin_trials) / 2, pool.runs  # far fewer than one per candidate
+    assert pool.starts <= 2 * control_runs + 1
+    # the answers of a renamed run are kept under the episodes' own names and steps
+    lines = [json.loads(l) for l in (tmp_path / "s" / "control_answers.jsonl").read_text()
+             .splitlines()]
+    assert all("#" not in l["episode"] and "#" not in r["episode"] for l in lines
+               for r in l["rows"])

@@ -6,8 +6,9 @@ it confirms the failure, then removes what the failure does not need, phase by p
 candidate a real engine run (``statescope.verdict.shrink_run``): first the batch is narrowed
 (``max_num_seqs`` 2, 4, 8, 16: the first that still fails; at a small batch the later phases need
 far fewer candidates), then delta debugging
-(``statescope.verdict.ddmin``) over episodes, then over the steps left (each episode renumbered)
-— partners first: the failing requests' own episodes/steps are kept while ddmin searches the
+(``statescope.verdict.ddmin``) over episodes, then over the steps left (first every step after
+the last wave holding a failed request is dropped, in one test; then ddmin, each episode
+renumbered, the control's answers to a whole ddmin round fetched in one run) — partners first: the failing requests' own episodes/steps are kept while ddmin searches the
 others, then reduced themselves —
 then the batch — ``max_num_seqs`` (ascending powers of two from 1 below the current batch and the
 number of episodes: the first that still fails, so "no partner needed" is tried on the small workload), the token budget ``max_num_batched_tokens`` (halved while it still
@@ -148,21 +149,27 @@ class _Search:
                 return self.test(make(set(kept) | set(base)), phase, {name: _listed(gone)})
             return fails
 
+        def preparer(base: list) -> Callable[[list[list]], None] | None:
+            if self.strict:  # a strict candidate's control runs that very candidate
+                return None
+            return lambda cands: self.runner.prefetch_control(
+                [make(set(kept) | set(base)) for kept in cands])
+
         needed: list = []
         alone_fails = bool(fixed and free and tester(fixed, free)([]))
         if alone_fails:
             free = []  # the failing requests alone still fail: no partner needed
         elif free:
-            res = ddmin(free, tester(fixed, free))
+            res = ddmin(free, tester(fixed, free), preparer(fixed))
             free, needed = res.minimal, [i for i, _ in res.needed()]
             if fixed and len(free) == 1:
                 needed = list(free)  # the failing requests alone passed: their partner is needed
         if len(fixed) > 1:  # the failing requests themselves, with the partners found
-            res = ddmin(fixed, tester(free, fixed))
+            res = ddmin(fixed, tester(free, fixed), preparer(free))
             fixed = res.minimal
             needed += [i for i, _ in res.needed()]
         if not fixed:  # nothing failed in the last run's view (e.g. from an older log): plain ddmin
-            res = ddmin(items, tester([], items))
+            res = ddmin(items, tester([], items), preparer([]))
             return res.minimal, [i for i, _ in res.needed()]
         keep = set(fixed) | set(free)
         return [i for i in items if i in keep], [i for i in items if i in set(needed)]
@@ -181,7 +188,30 @@ class _Search:
             role = "fails" if item in failing else "partner"
             self.conditions.append(f"episode {item} ({role}): without it the failure is gone")
 
+    def _cut_after_failing_wave(self) -> None:
+        """Drop every step submitted after the last wave holding a failed request: a later wave
+        starts once that one has finished, so it cannot have made it fail (one test; each
+        episode keeps a prefix of its steps, whose control answers are already known)."""
+        rows = ((self.last_failing or {}).get("trigger_run") or {}).get("rows") or []
+        waves = [int(r["wave"]) for r in rows if r.get("symptoms") and r.get("wave") is not None]
+        if not waves:
+            return
+        last = max(waves)
+        kept = {(r["episode"], int(r["step"])) for r in rows if int(r["wave"]) <= last}
+        cur = self.current
+        if len(kept) >= len(cur.trace):
+            return
+        steps = [s for s in cur.trace if (s.episode, s.step) in kept]
+        eps = {s.episode for s in steps}
+        work = Workload(steps, [e for e in cur.order if e in eps], cur.overrides)
+        gone = len(cur.trace) - len(steps)
+        if self.test(work, "steps", {"after_wave": last, "requests": gone}):
+            self.accept(work)
+            self.conditions.append(f"nothing after wave {last} (the last with a failed request): "
+                                   f"{gone} later request(s) dropped")
+
     def steps(self) -> None:
+        self._cut_after_failing_wave()
         cur = self.current
         items = [(s.episode, s.step) for s in cur.trace]
         by_item = {(s.episode, s.step): s for s in cur.trace}

@@ -33,7 +33,9 @@ language. The rule's name (``LABELLING``) is part of every candidate's key, so a
 under another rule (the symptom-only shrink before it) is not read as this one's answers.
 
 One engine stays alive and is reused (prefix cache reset) while consecutive runs ask for the same
-configuration; a control with another configuration costs an engine start each way. Every
+configuration; a control with another configuration costs an engine start each way — so the
+search asks for the control's answers to a whole ddmin round of candidates first
+(``prefetch_control``: one control run), then runs the round's trigger runs on one engine. Every
 evaluated candidate is one line of ``candidates.jsonl`` in the run folder, keyed by what it ran; a
 re-run with the same folder answers from it without starting an engine.
 
@@ -102,7 +104,9 @@ def label_run(run: dict, control_rows: list[dict] | None, validator) -> list[dic
 
 class ControlAnswers:
     """The control arm's answers per episode (the quick search's reference), keyed by the control's
-    configuration and the episode's steps, kept in ``control_answers.jsonl`` (resumable)."""
+    configuration and the episode's steps, kept in ``control_answers.jsonl`` (resumable). An
+    episode's answers also answer each of its prefixes (its first j steps): in lock-step waves a
+    step's prompt is built from its own episode's earlier steps and answers only."""
 
     def __init__(self, path: Path, control: Arm) -> None:
         self.path, self.control_key = Path(path), control.key()
@@ -113,36 +117,47 @@ class ControlAnswers:
                 continue
             try:
                 entry = json.loads(line)
-                self.by_key[entry["key"]] = list(entry["rows"])
+                self._keep(entry["key"], list(entry["rows"]), list(entry.get("prefixes", [])))
             except (json.JSONDecodeError, KeyError, TypeError):
                 if n < len(lines):  # only a killed run's last line may be cut
                     raise InputError(f"{self.path}:{n}: expected a JSON object with 'key' and "
                                      "'rows' (a shrink's control answers)") from None
 
-    def _key(self, steps: list[TraceStep]) -> str:
+    def _keep(self, key: str, rows: list[dict], prefixes: list[str]) -> None:
+        self.by_key[key] = rows
+        for j, pkey in enumerate(prefixes, 1):  # prefixes[j-1]: the episode's first j steps
+            self.by_key.setdefault(pkey, rows[:j])
+
+    def key_of(self, steps: list[TraceStep]) -> str:
+        """The key of one episode's ``steps`` for this control."""
         return config_hash({"control": self.control_key, "steps": trace_sha(steps)})
 
     def missing(self, work: Workload) -> list[str]:
         """The episodes of ``work`` the control has not answered yet, in arrival order."""
         eps = episodes_of(work.trace)
-        return [e for e in work.order if self._key(eps[e]) not in self.by_key]
+        return [e for e in work.order if self.key_of(eps[e]) not in self.by_key]
+
+    def add_episode(self, steps: list[TraceStep], rows: list[dict]) -> None:
+        """Keep the control's answers (``rows``, in step order) to one episode's ``steps``."""
+        key = self.key_of(steps)
+        mine = [{k: r.get(k) for k in CONTROL_KEYS} for r in rows]
+        prefixes = ([self.key_of(steps[:j]) for j in range(1, len(steps))]
+                    if len(mine) == len(steps) else [])
+        self._keep(key, mine, prefixes)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"key": key, "episode": steps[0].episode, "rows": mine,
+                                 "prefixes": prefixes}, default=str) + "\n")
+            fh.flush()
 
     def add(self, work: Workload, rows: list[dict]) -> None:
         """Keep the control's answers to every episode of ``work`` (``rows``: its run's rows)."""
-        with self.path.open("a") as fh:
-            for episode, steps in episodes_of(work.trace).items():
-                key = self._key(steps)
-                mine = [{k: r.get(k) for k in CONTROL_KEYS} for r in rows
-                        if r["episode"] == episode]
-                self.by_key[key] = mine
-                fh.write(json.dumps({"key": key, "episode": episode, "rows": mine},
-                                    default=str) + "\n")
-            fh.flush()
+        for episode, steps in episodes_of(work.trace).items():
+            self.add_episode(steps, [r for r in rows if r["episode"] == episode])
 
     def rows(self, work: Workload) -> list[dict]:
         """The control's answers to every request of ``work`` (each episode answered before)."""
         eps = episodes_of(work.trace)
-        return [r for e in work.order for r in self.by_key[self._key(eps[e])]]
+        return [r for e in work.order for r in self.by_key[self.key_of(eps[e])]]
 
 
 class EnginePool:
@@ -305,6 +320,42 @@ class CandidateRunner:
             self.engine_runs += 1
             self.answers.add(sub, run["rows"])
         return self.answers.rows(work)
+
+    def prefetch_control(self, works: list[Workload]) -> int:
+        """The control's answers to every episode of ``works`` (candidates not evaluated yet) not
+        answered yet, in one engine run per (overrides, max_tokens) instead of one control run
+        (and an engine start each way) per candidate. The episodes are renamed apart (``#n``) in
+        that run — a name is not part of any prompt — and kept under their own steps' keys.
+        Returns the number of engine runs made."""
+        groups: dict[str, dict] = {}
+        for work in works:
+            if self.key(work, strict=False) in self.done:
+                continue
+            eps = episodes_of(work.trace)
+            gkey = config_hash({"overrides": work.overrides,
+                                "max_tokens": max(s.max_tokens for s in work.trace)})
+            group = groups.setdefault(gkey, {"overrides": work.overrides, "episodes": {}})
+            for ep in self.answers.missing(work):
+                group["episodes"].setdefault(self.answers.key_of(eps[ep]), eps[ep])
+        runs = 0
+        for group in groups.values():
+            if not group["episodes"]:
+                continue
+            trace, names = [], {}
+            for n, steps in enumerate(group["episodes"].values()):
+                name = f"{steps[0].episode}#{n}"
+                names[name] = steps
+                trace += [dataclasses.replace(s, episode=name) for s in steps]
+            run = run_workload(self.control, Workload(trace, list(names), group["overrides"]),
+                               self.pool, self.run_dir / "control")
+            self.engine_runs += 1
+            runs += 1
+            for name, steps in names.items():
+                self.answers.add_episode(steps, [dict(r, episode=steps[0].episode)
+                                                 for r in run["rows"] if r["episode"] == name])
+            self.say(f"control answers for {len(names)} episode variant(s) of {len(works)} "
+                     f"candidate(s) in one engine run, {run['seconds']:.1f} s")
+        return runs
 
     def evaluate(self, work: Workload, phase: str, removed: Any, trial_no: int, *,
                  strict: bool = True) -> dict:
