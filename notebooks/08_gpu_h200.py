@@ -449,3 +449,22 @@ minimal_reproducer.shrink_conditions("at_two_seqs/shrink")
 
 # %%
 minimal_reproducer.shrink_conditions("on_0.32.0_v1_forced/shrink")[:3]
+
+# %% [markdown]
+# **From 96 failing episodes, at the defaults, on 0.32.0** (V1 forced; 2026-12-06, an H100 — the
+# lent machine came as one): `statescope shrink --seeds 48:60 --control no_async --both-set
+# model_runner=v1` took 576 requests to **5** in 695 s (99 engine runs, 35 engine starts; the
+# cost goal's 12 minutes met, its 40 runs not). The exported script, run as a maintainer would:
+
+# %%
+runs = pd.DataFrame(minimal_reproducer.script_runs(minimal_reproducer.MINIMAL_ROOT))
+runs[cols]
+
+# %% [markdown]
+# Both runs as exported corrupt the same request (`s51-ep0004` step 0: a confident flip from the
+# control's answer), and async off, V2 and `--patch accept_sync` are clean (exit 0). The committed
+# 3-request script behaves the same on that machine (`three_request_script`). What the shrink found
+# the failure needs (the first of its conditions):
+
+# %%
+minimal_reproducer.shrink_conditions("shrink", minimal_reproducer.MINIMAL_ROOT)[:6]

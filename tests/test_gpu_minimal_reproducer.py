@@ -76,3 +76,55 @@ def test_the_batch_conditions_are_stated():
 def test_a_folder_without_logs_is_refused(tmp_path):
     with pytest.raises(InputError, match="no script logs"):
         script_runs(tmp_path)
+
+
+def test_the_shrink_of_96_failing_episodes_at_its_defaults_ends_in_a_script_that_fails_every_time():
+    """Issue 30 item 5 (0.32.0, Model Runner V1 forced; an H100): ``statescope shrink`` at its
+    defaults took the 96-episode run (576 requests) to 5 requests; its exported plain-vLLM script
+    fails the same request in both runs as exported and is clean with async off, with V2 and with
+    ``--patch accept_sync``. Read back from the committed logs and result."""
+    import json
+
+    from statescope.results.minimal_reproducer import MINIMAL_ROOT
+
+    def rows(**match):
+        return [r for r in script_runs(MINIMAL_ROOT) if all(r[k] == v for k, v in match.items())]
+
+    runs = rows(folder="repro", setting="as exported")
+    assert len(runs) == 2 and all((r["corrupted"], r["requests"], r["rc"]) == (1, 5, 1) for r in runs)
+    assert {tuple(r["corrupted_requests"]) for r in runs} == {("s51-ep0004 step 0",)}
+    assert {(r["vllm"], r["runner"], r["async_scheduling"]) for r in runs} == {("0.32.0", "V1", True)}
+    for setting in ("--set async_scheduling=false", "VLLM_USE_V2_MODEL_RUNNER=1",
+                    "--patch accept_sync (PATCHED)"):
+        [r] = rows(folder="repro", setting=setting)
+        assert (r["corrupted"], r["requests"], r["rc"]) == (0, 5, 0), r
+    [v2] = rows(folder="repro", setting="VLLM_USE_V2_MODEL_RUNNER=1")
+    assert v2["runner"] == "V2"
+    script = (MINIMAL_ROOT / "repro" / "repro.py").read_text()
+    imports = [line.strip() for line in script.splitlines()
+               if line.strip().startswith(("import statescope", "from statescope"))]
+    assert imports == ["from statescope.patches.accept_sync import install_accept_sync"]  # --patch
+    result = json.loads((MINIMAL_ROOT / "shrink" / "result.json").read_text())
+    assert result["reproduced"] and result["original"]["n_requests"] == 576
+    assert result["minimal"]["n_requests"] == 5
+    assert result["minimal"]["failing_requests"] == [["s51-ep0004", 0]]
+    assert result["original"]["resolved"]["runner_version"] == "V1"
+    verify = result["trials"][-1]
+    assert verify["phase"] == "verify" and verify["failed"] and verify["control_failures"] == []
+    assert verify["trigger_failures"] == [[["s51-ep0004", 0]]] * 3  # K = 3, the same request
+    # the cost as recorded: under 12 minutes, not under 40 engine runs
+    assert result["seconds"] < 12 * 60 and result["engine_runs"] > 40
+
+
+def test_the_three_request_script_on_0_32_0_fails_with_v1_only():
+    from statescope.results.minimal_reproducer import MINIMAL_ROOT
+
+    runs = script_runs(MINIMAL_ROOT)
+    v1 = [r for r in runs if r["folder"] == "three_request_script"
+          and r["setting"] == "VLLM_USE_V2_MODEL_RUNNER=0"]
+    assert len(v1) == 2 and all((r["corrupted"], r["requests"], r["rc"]) == (1, 3, 1) for r in v1)
+    others = [r for r in runs if r["folder"] == "three_request_script" and r not in v1]
+    assert {r["setting"] for r in others} == {"--set async_scheduling=false",
+                                              "VLLM_USE_V2_MODEL_RUNNER=1",
+                                              "--patch accept_sync (PATCHED)"}
+    assert all((r["corrupted"], r["rc"]) == (0, 0) for r in others), others

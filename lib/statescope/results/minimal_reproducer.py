@@ -1,5 +1,5 @@
 """What does the minimal reproducer do on real GPUs? The committed plain-vLLM script runs of
-``data/results/gpu/minimal_reproducer_0.26.0/`` (``statescope shrink`` → ``export-repro`` on the
+``data/results/gpu/minimal_reproducer_0.26.0/`` and ``data/results/gpu/minimal/`` (``statescope shrink`` → ``export-repro`` on the
 H200, then ``python repro.py`` as a maintainer runs it), read back from their logs.
 
 ``script_runs`` gives one row per run: the folder (which shrink result exported the script), the
@@ -31,6 +31,12 @@ FOLDERS = {"repro": ("0.26.0", "episodes shrunk, max_num_seqs=32"),
            "on_0.32.0": ("0.32.0", "the max_num_seqs=32 script, unchanged"),
            "at_two_seqs/repro": ("0.26.0", "batch of two, episodes and steps shrunk: 3 requests"),
            "on_0.32.0_v1_forced/repro": ("0.32.0", "the 3-request script, unchanged")}
+# data/results/gpu/minimal/: the 2026-12-06 run on 0.32.0 (Model Runner V1 forced, an H100): the
+# shrink of the 96-episode failing run at its defaults, its exported script, and the committed
+# 3-request script beside it (both run as exported, async off, V2, --patch accept_sync)
+MINIMAL_ROOT = ROOT.parent / "minimal"
+MINIMAL_FOLDERS = {"repro": ("0.32.0", "shrunk from 96 episodes at the defaults, V1: 5 requests"),
+                   "three_request_script": ("0.32.0", "the 0.26.0 3-request script, V1 forced")}
 _COUNT = re.compile(r"^(\d+)/(\d+) corrupted$")
 _RC = re.compile(r"^rc=(\d+)$")
 _RESOLVED = re.compile(r"^resolved: vllm (\S+), model runner (\S+) \((V\d)\), async scheduling (\w+)")
@@ -51,11 +57,14 @@ def _read_log(path: Path) -> dict:
     return out
 
 
-def script_runs(root: str | Path = ROOT) -> list[dict]:
-    """One row per committed run of an exported ``repro.py``."""
+def script_runs(root: str | Path = ROOT, folders: dict | None = None) -> list[dict]:
+    """One row per committed run of an exported ``repro.py`` (``folders``: folder -> (release,
+    what the script is); default ``MINIMAL_FOLDERS`` under ``MINIMAL_ROOT``, else ``FOLDERS``)."""
     root = Path(root)
+    if folders is None:
+        folders = MINIMAL_FOLDERS if root == MINIMAL_ROOT else FOLDERS
     rows = []
-    for folder, (release, what) in FOLDERS.items():
+    for folder, (release, what) in folders.items():
         logs = sorted((root / folder).glob("*.log"))
         for log in logs:
             stem = log.stem.rsplit("_", 1)[0] if log.stem[-1].isdigit() else log.stem
@@ -64,7 +73,7 @@ def script_runs(root: str | Path = ROOT) -> list[dict]:
             rows.append({"folder": folder, "release": release, "script": what,
                          "setting": SETTINGS[stem], "log": log.name, **_read_log(log)})
     if not rows:
-        raise InputError(f"{root}: no script logs (expected {', '.join(FOLDERS)} with *.log)")
+        raise InputError(f"{root}: no script logs (expected {', '.join(folders)} with *.log)")
     return rows
 
 
