@@ -13,7 +13,7 @@ others, then reduced themselves —
 then the batch — ``max_num_seqs`` (ascending powers of two from 1 below the current batch and the
 number of episodes: the first that still fails, so "no partner needed" is tried on the small workload), the token budget ``max_num_batched_tokens`` (halved while it still
 fails), the arrival order (reversed) — then prompt length (each text user turn halved while it
-still fails). A candidate fails as ``reproduce`` counts a failure — the same labelling function
+still fails; the control answers every first halving in one run). A candidate fails as ``reproduce`` counts a failure — the same labelling function
 (``statescope.verdict.detect.label_requests``, through ``shrink_run.label_run``): a degenerate
 answer (empty, runs of ``!``/punctuation, a repetition loop, an invalid action when the control
 speaks the GUI-agent language) or a confident flip from the control arm's answer to the same
@@ -290,21 +290,33 @@ class _Search:
             self.accept(work)
             budget = value
 
+    def _halved(self, index: int) -> tuple[Workload, int, int] | None:
+        """The current workload with step ``index``'s text user turn halved (None: nothing to
+        halve), with the word counts before and after."""
+        step = self.current.trace[index]
+        if not isinstance(step.user, str) or len(step.user.split()) < 2 or step.messages:
+            return None
+        words = step.user.split(" ")
+        shorter = " ".join(words[:max(1, len(words) // 2)])
+        trace = list(self.current.trace)
+        trace[index] = dataclasses.replace(step, user=shorter)
+        return dataclasses.replace(self.current, trace=trace), len(words), len(shorter.split(" "))
+
     def prompt(self, max_halvings: int = 2) -> None:
+        if not self.strict:  # every first halving's control answers in one run, not one each
+            firsts = [h[0] for i in range(len(self.current.trace)) if (h := self._halved(i))]
+            self.runner.prefetch_control(firsts)
         for index in range(len(self.current.trace)):
             for _ in range(max_halvings):
-                step = self.current.trace[index]
-                if not isinstance(step.user, str) or len(step.user.split()) < 2 or step.messages:
+                halved = self._halved(index)
+                if halved is None:
                     break
-                words = step.user.split(" ")
-                shorter = " ".join(words[:max(1, len(words) // 2)])
-                trace = list(self.current.trace)
-                trace[index] = dataclasses.replace(step, user=shorter)
-                work = dataclasses.replace(self.current, trace=trace)
+                step = self.current.trace[index]
+                work, n_words, n_short = halved
                 where = f"{step.episode} step {step.step}"
-                if not self.test(work, "prompt", {"user_words": f"{where}: {len(words)} -> "
-                                                                 f"{len(shorter.split(' '))}"}):
-                    self.conditions.append(f"the user turn of {where} at {len(words)} words "
+                if not self.test(work, "prompt", {"user_words": f"{where}: {n_words} -> "
+                                                                 f"{n_short}"}):
+                    self.conditions.append(f"the user turn of {where} at {n_words} words "
                                            "(half of it passes)")
                     break
                 self.accept(work)
