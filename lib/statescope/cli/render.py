@@ -15,7 +15,7 @@ import json
 import sys
 
 from statescope.errors import InputError
-from statescope.cli.exit_codes import exit_epilog
+from statescope.cli.exit_codes import add_json_flag, exit_epilog
 
 
 class NotebookLines:
@@ -144,5 +144,5 @@ def add_render_subcommand(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--repro", metavar="DIR", default=None,
                    help="a folder written by `statescope export-repro`: copied beside each render "
                         "(repro/) and linked in its summary.md")
-    r.add_argument("--json", action="store_true")
+    add_json_flag(r)
     r.set_defaults(func=cmd_render)
